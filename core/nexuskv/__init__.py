@@ -1,0 +1,127 @@
+"""NexusKV: the decision layer for LLM model-state reuse. This module is the public API; nothing else is.
+
+Plugins and embedding applications import from `nexuskv` only; a test pins this list.
+"""
+
+from __future__ import annotations
+
+from nexuskv.contracts import (
+    AdapterIdentity,
+    Calibration,
+    CodecCost,
+    CostProfile,
+    ExtraInput,
+    Layout,
+    LinkCost,
+    ModelIdentity,
+    Namespace,
+    Placement,
+    Plan,
+    PlanAction,
+    PlanSpan,
+    Predicted,
+    PrefillCost,
+    Request,
+    Slo,
+    StateDescriptor,
+    StateGroup,
+    StateKind,
+    TensorSpec,
+    TokenizerIdentity,
+    TokenSpan,
+    Usage,
+    from_dict,
+    to_dict,
+)
+from nexuskv.errors import (
+    ChecksumError,
+    ConfigError,
+    ContractError,
+    NexusKVError,
+    PluginError,
+    SchemaVersionError,
+)
+from nexuskv.hookspecs import hookimpl
+from nexuskv.identity import BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
+from nexuskv.index import DictIndex, Holding, IndexSnapshot, Location, Match, Matcher
+from nexuskv.interfaces import (
+    ControlPlane,
+    EvictionCallback,
+    Lease,
+    StoredState,
+    TierStore,
+    Transport,
+    slot_of,
+)
+from nexuskv.kinds import longest_restore_point, valid_restore_point
+from nexuskv.logs import bind_request, configure_logging, get_logger
+from nexuskv.units import parse_bytes
+
+# The kernel facade last: it pulls in the plugin manager, whose builtins import the names above.
+from nexuskv.kernel import Kernel, KernelConfig  # noqa: E402, I001
+from nexuskv.plugins import PluginManager  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdapterIdentity",
+    "BlockKeyer",
+    "Calibration",
+    "ChecksumError",
+    "CodecCost",
+    "ConfigError",
+    "ContractError",
+    "ControlPlane",
+    "CostProfile",
+    "DictIndex",
+    "EvictionCallback",
+    "ExtraInput",
+    "Holding",
+    "IndexSnapshot",
+    "Kernel",
+    "KernelConfig",
+    "KeyChain",
+    "Layout",
+    "Lease",
+    "LinkCost",
+    "Location",
+    "Match",
+    "Matcher",
+    "ModelIdentity",
+    "Namespace",
+    "NexusKVError",
+    "Placement",
+    "Plan",
+    "PlanAction",
+    "PlanSpan",
+    "PluginError",
+    "PluginManager",
+    "Predicted",
+    "PrefillCost",
+    "Request",
+    "SchemaVersionError",
+    "Slo",
+    "StateDescriptor",
+    "StateGroup",
+    "StateKind",
+    "StoredState",
+    "TensorSpec",
+    "TierStore",
+    "TokenSpan",
+    "TokenizerIdentity",
+    "Transport",
+    "Usage",
+    "__version__",
+    "bind_request",
+    "checksum",
+    "configure_logging",
+    "from_dict",
+    "get_logger",
+    "hookimpl",
+    "load_secret",
+    "longest_restore_point",
+    "parse_bytes",
+    "slot_of",
+    "to_dict",
+    "valid_restore_point",
+]

@@ -1,0 +1,138 @@
+"""Builtin DRAM tier store: payloads in process memory, bounded in bytes, evicting lowest priority first."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections.abc import Iterator
+
+from nexuskv import EvictionCallback, StateDescriptor, StoredState, hookimpl
+
+__all__ = ["DramStore"]
+
+
+class DramStore:
+    """An in-process tier store with a byte capacity.
+
+    Eviction order: lowest `priority` first, least recently used among equals. `get` returns a read-only
+    memoryview over the stored bytes (no copy). Thread-safe. Payloads are not re-verified on read: the
+    loader checks the descriptor checksum wherever a payload is restored.
+    """
+
+    def __init__(self, capacity_bytes: int = 1 << 30, name: str = "dram") -> None:
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        self.name = name
+        self.capacity_bytes = int(capacity_bytes)
+        self._items: dict[bytes, tuple[bytes, StateDescriptor, float, int]] = {}
+        self._heap: list[tuple[float, int, bytes]] = []
+        self._seq = itertools.count()
+        self._used = 0
+        self._lock = threading.RLock()
+        self._on_evict: EvictionCallback | None = None
+        self.evictions = 0
+
+    def set_eviction_callback(self, callback: EvictionCallback | None) -> None:
+        """Be told (slot, descriptor) about every eviction."""
+        self._on_evict = callback
+
+    def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0) -> bool:
+        """Store a copy of `payload`; evict lower-priority payloads to make room. False if it cannot fit."""
+        data = bytes(payload)
+        evicted: list[tuple[bytes, StateDescriptor]] = []
+        with self._lock:
+            old = self._items.pop(slot, None)
+            if old is not None:
+                self._used -= len(old[0])
+            if len(data) > self.capacity_bytes or not self._make_room(len(data), priority, evicted):
+                if old is not None:  # keep what was there rather than lose both
+                    self._items[slot] = old
+                    self._used += len(old[0])
+                ok = False
+            else:
+                seq = next(self._seq)
+                self._items[slot] = (data, descriptor, priority, seq)
+                heapq.heappush(self._heap, (priority, seq, slot))
+                self._used += len(data)
+                ok = True
+        self._notify(evicted)
+        return ok
+
+    def _make_room(self, need: int, priority: float, evicted: list[tuple[bytes, StateDescriptor]]) -> bool:
+        # First check that evicting only lower-or-equal priority payloads frees enough, then evict.
+        if self._used + need > self.capacity_bytes:
+            free_able = sum(len(d) for d, _, p, _ in self._items.values() if p <= priority)
+            if self._used - free_able + need > self.capacity_bytes:
+                return False
+        while self._used + need > self.capacity_bytes:
+            prio, seq, slot = heapq.heappop(self._heap)
+            item = self._items.get(slot)
+            if item is None or item[3] != seq:
+                continue  # stale heap entry
+            del self._items[slot]
+            self._used -= len(item[0])
+            self.evictions += 1
+            evicted.append((slot, item[1]))
+        return True
+
+    def _notify(self, evicted: list[tuple[bytes, StateDescriptor]]) -> None:
+        cb = self._on_evict
+        if cb is not None:
+            for slot, desc in evicted:
+                cb(slot, desc)
+
+    def get(self, slot: bytes) -> StoredState | None:
+        """The payload (a read-only memoryview) and descriptor of `slot`, or None."""
+        with self._lock:
+            item = self._items.get(slot)
+            if item is None:
+                return None
+            data, desc, prio, _ = item
+            seq = next(self._seq)
+            self._items[slot] = (data, desc, prio, seq)
+            heapq.heappush(self._heap, (prio, seq, slot))
+            if len(self._heap) > 2 * len(self._items) + 64:
+                self._compact()
+        return StoredState(memoryview(data), desc)
+
+    def _compact(self) -> None:
+        self._heap = [(p, s, k) for k, (_, _, p, s) in self._items.items()]
+        heapq.heapify(self._heap)
+
+    def delete(self, slot: bytes) -> bool:
+        """Drop a payload; True if it was held. Deletion is not an eviction: no callback."""
+        with self._lock:
+            item = self._items.pop(slot, None)
+            if item is None:
+                return False
+            self._used -= len(item[0])
+            return True
+
+    def __contains__(self, slot: object) -> bool:
+        return slot in self._items
+
+    def slots(self) -> Iterator[bytes]:
+        """Every slot held (a snapshot)."""
+        with self._lock:
+            return iter(list(self._items))
+
+    def used_bytes(self) -> int:
+        """Bytes held now."""
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def close(self) -> None:
+        """Drop everything (no eviction callbacks)."""
+        with self._lock:
+            self._items.clear()
+            self._heap.clear()
+            self._used = 0
+
+
+@hookimpl
+def nexuskv_register_tier_stores(register) -> None:  # type: ignore[no-untyped-def]
+    """Offer the DRAM tier as `dram`."""
+    register("dram", DramStore)

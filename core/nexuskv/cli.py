@@ -1,0 +1,146 @@
+"""The `nexuskv` command line (click). Plugins add subcommands through `nexuskv_register_commands`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nexuskv import _schema
+from nexuskv.contracts import CONTRACTS, Request, from_dict
+from nexuskv.errors import ContractError, NexusKVError
+from nexuskv.logs import configure_logging
+from nexuskv.plugins import PluginManager
+
+__all__ = ["cli", "main"]
+
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+
+
+def _read_json(path: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise click.ClickException(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"{path}: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+
+
+@click.group()
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
+@click.option("--log-level", default=None, help="debug, info, warning, error (default: NEXUSKV_LOG_LEVEL or info).")
+def cli(log_format: str, log_level: str | None) -> None:
+    """NexusKV: decide, per request, what model state to reuse, and when reuse pays."""
+    configure_logging(json=None if log_format == "auto" else log_format == "json", level=log_level, force=True)
+
+
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def plugins_cmd(as_json: bool) -> None:
+    """List loaded plugins with versions and hooks; exit 1 if any plugin had a problem."""
+    pm = PluginManager()
+    infos = pm.info()
+    if as_json:
+        click.echo(json.dumps({
+            "plugins": [{"name": i.name, "source": i.source, "version": i.version, "hooks": list(i.hooks)} for i in infos],
+            "problems": [{"plugin": p.plugin, "stage": p.stage, "message": p.message} for p in pm.problems],
+        }, indent=2))  # fmt: skip
+    else:
+        for i in infos:
+            click.echo(f"{i.name:<20} {i.source} {i.version}")
+            for h in i.hooks:
+                click.echo(f"    {h}")
+        for p in pm.problems:
+            click.echo(f"PROBLEM {p.plugin} ({p.stage}): {p.message}", err=True)
+    if pm.problems:
+        sys.exit(1)
+
+
+@cli.group("schema")
+def schema_grp() -> None:
+    """Export, check and apply the versioned JSON Schemas of the contracts."""
+
+
+@schema_grp.command("export")
+@click.option("--dir", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=SCHEMA_DIR,
+              show_default=True, help="Where the *.v1.json files live.")  # fmt: skip
+@click.option("--check", is_flag=True, help="Do not write: exit 1 if any file differs from the classes.")
+def schema_export(out_dir: Path, check: bool) -> None:
+    """Regenerate `schemas/*.v1.json` from the contract classes (or check they are current)."""
+    stale = []
+    for name, cls in sorted(CONTRACTS.items()):
+        text = json.dumps(_schema.schema_for(cls), indent=2) + "\n"
+        version = _schema.schema_for(cls)["$id"].rsplit(".", 2)[-2]
+        path = out_dir / f"{name}.{version}.json"
+        current = path.read_text() if path.exists() else None
+        if current == text:
+            continue
+        stale.append(path)
+        if not check:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            click.echo(f"wrote {path}")
+    if check and stale:
+        for p in stale:
+            click.echo(f"stale: {p}", err=True)
+        sys.exit(1)
+    if check:
+        click.echo(f"{len(CONTRACTS)} schemas are current")
+
+
+@schema_grp.command("validate")
+@click.argument("contract", type=click.Choice(sorted(CONTRACTS)))
+@click.argument("file", type=click.Path(dir_okay=False))
+def schema_validate(contract: str, file: str) -> None:
+    """Validate a JSON FILE against a contract; print every problem with its field path."""
+    try:
+        from_dict(CONTRACTS[contract], _read_json(file))
+    except ContractError as exc:
+        for path, msg in exc.problems:
+            click.echo(f"{file}: {path}: {msg}", err=True)
+        sys.exit(1)
+    click.echo(f"{file}: valid {contract}")
+
+
+@cli.command("keys")
+@click.option("--request", "request_file", required=True, type=click.Path(dir_okay=False), help="Request JSON.")
+@click.option("--page-size", default=16, show_default=True)
+def keys_cmd(request_file: str, page_size: int) -> None:
+    """Print the block keys of a request (secret from NEXUSKV_SECRET or the persisted secret file)."""
+    from nexuskv.identity import BlockKeyer, load_secret
+
+    try:
+        req = from_dict(Request, _read_json(request_file))
+        keyer = BlockKeyer(load_secret(), page_size)
+    except NexusKVError as exc:
+        raise click.ClickException(str(exc)) from None
+    for i, k in enumerate(keyer.request_keys(req)):
+        click.echo(f"{i:>6} [{i * page_size}, {(i + 1) * page_size}) {k.hex()}")
+
+
+@cli.command("demo")
+@click.option("--turns", default=4, show_default=True, help="Turns of the multi-turn chat session.")
+def demo_cmd(turns: int) -> None:
+    """The main job: a multi-turn session matched against the embedded index, isolation and kinds shown."""
+    from nexuskv._demo import run_demo
+
+    run_demo(turns=turns, echo=click.echo)
+
+
+def _with_plugin_commands() -> click.Group:
+    pm = PluginManager()
+    for impl in reversed(pm.pm.hook.nexuskv_register_commands.get_hookimpls()):
+        try:
+            impl.function(cli)
+        except Exception as exc:  # a broken plugin must not take the CLI down
+            click.echo(f"plugin {impl.plugin_name!r} failed to add commands: {exc}", err=True)
+    return cli
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _with_plugin_commands()(prog_name="nexuskv")
+

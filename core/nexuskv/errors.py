@@ -1,0 +1,47 @@
+"""The kernel's exception hierarchy: every error NexusKV raises on purpose derives from `NexusKVError`.
+
+Each error carries enough context (field path, file, rule, plugin name) to be acted on without a debugger.
+"""
+
+from __future__ import annotations
+
+
+class NexusKVError(Exception):
+    """Base class of every error NexusKV raises on purpose."""
+
+
+class ContractError(NexusKVError):
+    """A contract dict (descriptor, request, plan, profile) does not match its schema.
+
+    `problems` lists `(path, message)` pairs, every one found, in path order.
+    """
+
+    def __init__(self, contract: str, problems: list[tuple[str, str]]) -> None:
+        self.contract = contract
+        self.problems = problems
+        lines = "; ".join(f"{path}: {msg}" for path, msg in problems)
+        super().__init__(f"invalid {contract}: {lines}")
+
+
+class SchemaVersionError(ContractError):
+    """A contract dict names a `schema_version` this kernel does not speak."""
+
+    def __init__(self, contract: str, got: object, supported: int) -> None:
+        self.got = got
+        self.supported = supported
+        super().__init__(
+            contract,
+            [("schema_version", f"version {got!r} is not supported (this kernel speaks {supported})")],
+        )
+
+
+class ConfigError(NexusKVError):
+    """A configuration value or file is missing or malformed."""
+
+
+class PluginError(NexusKVError):
+    """A plugin could not be loaded, or misbehaved in a way the kernel cannot absorb."""
+
+
+class ChecksumError(NexusKVError):
+    """A payload does not match the checksum of its descriptor."""

@@ -1,0 +1,230 @@
+"""State identity: keyed, chained block keys whose root mixes in every input that changes model state.
+
+key_0 = BLAKE2b-128(key=deployment secret, person="nexuskv.root", msg=canonical identity)
+key_i = BLAKE2b-128(key=key_(i-1), msg=uint32-LE token ids of block i || extra inputs of block i)
+
+The root covers tenant scope, cache salt, model, tokenizer, layout and adapter identity, so two requests share
+keys only when all of those are equal: isolation by construction. Only full blocks are keyed.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from nexuskv.contracts import (
+    ExtraInput,
+    Layout,
+    ModelIdentity,
+    Namespace,
+    Request,
+    TokenizerIdentity,
+    to_dict,
+)
+from nexuskv.errors import ConfigError
+
+__all__ = ["DIGEST_SIZE", "BlockKeyer", "KeyChain", "checksum", "load_secret", "verify_checksum"]
+
+DIGEST_SIZE = 16
+SECRET_ENV = "NEXUSKV_SECRET"
+SECRET_FILE_ENV = "NEXUSKV_SECRET_FILE"
+_MIN_SECRET = 16
+_ROOT_PERSON = b"nexuskv.root"
+_CHECKSUM_ALGO = "blake2b-128"
+
+
+def default_secret_path() -> Path:
+    """Where the generated secret is persisted: `$NEXUSKV_HOME` or `$XDG_STATE_HOME/nexuskv`, file `secret`."""
+    home = os.environ.get("NEXUSKV_HOME")
+    if home:
+        return Path(home) / "secret"
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "nexuskv" / "secret"
+
+
+def _parse_secret(text: str, origin: str) -> bytes:
+    try:
+        secret = bytes.fromhex(text.strip())
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: the secret must be hex digits ({exc})") from None
+    if len(secret) < _MIN_SECRET:
+        raise ConfigError(f"{origin}: the secret must be at least {_MIN_SECRET} bytes, got {len(secret)}")
+    return secret[:64]  # BLAKE2b keys are at most 64 bytes
+
+
+def load_secret(value: str | None = None, path: str | os.PathLike[str] | None = None) -> bytes:
+    """The per-deployment key secret.
+
+    Order: an explicit hex `value` (from config), the `NEXUSKV_SECRET` environment variable (hex), then the
+    file at `path`, `NEXUSKV_SECRET_FILE` or `default_secret_path()`; a missing file is created with 32 random
+    bytes (mode 0600, created exclusively so concurrent first starts agree on one secret).
+    """
+    if value:
+        return _parse_secret(value, "config secret")
+    env = os.environ.get(SECRET_ENV)
+    if env:
+        return _parse_secret(env, SECRET_ENV)
+    p = Path(path or os.environ.get(SECRET_FILE_ENV) or default_secret_path())
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process won the race; read its secret below
+        else:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(os.urandom(32).hex() + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+    return _parse_secret(p.read_text(), str(p))
+
+
+def _canonical(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _token_bytes(token_ids: Sequence[int]) -> bytes:
+    arr = array.array("I", token_ids)
+    if sys.byteorder != "little":  # pragma: no cover - the key format is little-endian everywhere
+        arr.byteswap()
+    return arr.tobytes()
+
+
+class BlockKeyer:
+    """Computes root and block keys for one deployment secret and page size."""
+
+    __slots__ = ("_secret", "page_size")
+
+    def __init__(self, secret: bytes, page_size: int = 16) -> None:
+        if len(secret) < _MIN_SECRET:
+            raise ConfigError(f"the key secret must be at least {_MIN_SECRET} bytes, got {len(secret)}")
+        if page_size < 1:
+            raise ConfigError(f"page_size must be >= 1, got {page_size}")
+        self._secret = bytes(secret[:64])
+        self.page_size = page_size
+
+    def root(
+        self,
+        namespace: Namespace,
+        model: ModelIdentity,
+        tokenizer: TokenizerIdentity,
+        layout: Layout,
+    ) -> bytes:
+        """The chain root for one (namespace, model, tokenizer, layout, adapter) identity."""
+        lay = to_dict(layout)
+        if layout.kind == "latent":  # MLA latent state is identical on every TP rank: store it once
+            lay["tp_rank"], lay["tp_size"] = 0, 1
+        ident = {
+            "v": 1,
+            "namespace": to_dict(namespace),
+            "model": to_dict(model),
+            "tokenizer": to_dict(tokenizer),
+            "layout": lay,
+            "page_size": self.page_size,
+        }
+        h = hashlib.blake2b(_canonical(ident), key=self._secret, digest_size=DIGEST_SIZE, person=_ROOT_PERSON)
+        return h.digest()
+
+    def request_root(self, request: Request) -> bytes:
+        """The chain root of a request's identity."""
+        return self.root(request.namespace, request.model, request.tokenizer, request.layout)
+
+    def keys(
+        self, root: bytes, token_ids: Sequence[int], extra_inputs: Iterable[ExtraInput] = ()
+    ) -> list[bytes]:
+        """Block keys of every full block of `token_ids`, chained from `root` (partial last block not keyed)."""
+        return self.extend(root, token_ids, extra_inputs)
+
+    def extend(
+        self,
+        parent: bytes,
+        token_ids: Sequence[int],
+        extra_inputs: Iterable[ExtraInput] = (),
+        offset: int = 0,
+    ) -> list[bytes]:
+        """Continue a chain from `parent` over full blocks of `token_ids`, which start at position `offset`."""
+        data = _token_bytes(token_ids)
+        step = self.page_size * 4
+        end = len(data) - len(data) % step
+        extras = _extras_by_block(extra_inputs, self.page_size, offset)
+        blake = hashlib.blake2b
+        out: list[bytes] = []
+        append = out.append
+        if not extras:
+            for off in range(0, end, step):
+                parent = blake(data[off : off + step], key=parent, digest_size=DIGEST_SIZE).digest()
+                append(parent)
+            return out
+        for i, off in enumerate(range(0, end, step)):
+            msg = data[off : off + step]
+            if i in extras:
+                msg += extras[i]
+            parent = blake(msg, key=parent, digest_size=DIGEST_SIZE).digest()
+            append(parent)
+        return out
+
+    def request_keys(self, request: Request) -> list[bytes]:
+        """Block keys of a request (root from its identity, extras mixed into their blocks)."""
+        return self.keys(self.request_root(request), request.token_ids, request.extra_inputs)
+
+    def chain(self, root: bytes) -> KeyChain:
+        """An incremental chain starting at `root`, for sessions whose tokens arrive over time."""
+        return KeyChain(self, root)
+
+
+def _extras_by_block(extra_inputs: Iterable[ExtraInput], page_size: int, offset: int) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    for x in sorted(extra_inputs, key=lambda e: (e.position, e.digest)):
+        if x.position < offset:
+            continue
+        block = (x.position - offset) // page_size
+        tag = b"\x00x" + x.position.to_bytes(8, "little") + x.digest.encode()
+        out[block] = out.get(block, b"") + tag
+    return out
+
+
+class KeyChain:
+    """Keys of a growing token sequence: append tokens as they arrive, read the keys of full blocks.
+
+    A multi-turn session keeps one chain and extends it each turn, so the keys of the shared history are never
+    hashed twice. Keys are the same as `BlockKeyer.keys` over the whole sequence.
+    """
+
+    __slots__ = ("_keyer", "_pending", "keys", "root", "tokens")
+
+    def __init__(self, keyer: BlockKeyer, root: bytes) -> None:
+        self._keyer = keyer
+        self.root = root
+        self.keys: list[bytes] = []
+        self._pending: list[int] = []
+        self.tokens = 0
+
+    def extend(self, token_ids: Sequence[int]) -> list[bytes]:
+        """Append tokens; return the keys of the blocks they completed."""
+        self._pending.extend(token_ids)
+        page = self._keyer.page_size
+        full = len(self._pending) - len(self._pending) % page
+        if not full:
+            return []
+        parent = self.keys[-1] if self.keys else self.root
+        new = self._keyer.extend(parent, self._pending[:full])
+        self.keys.extend(new)
+        del self._pending[:full]
+        self.tokens += full
+        return new
+
+
+def checksum(payload: bytes | bytearray | memoryview) -> str:
+    """The checksum written into a descriptor: `blake2b-128:<hex>` of the stored payload."""
+    return f"{_CHECKSUM_ALGO}:{hashlib.blake2b(payload, digest_size=16).hexdigest()}"
+
+
+def verify_checksum(payload: bytes | bytearray | memoryview, expected: str) -> bool:
+    """True when `payload` matches `expected` (an unknown algorithm never matches)."""
+    algo, _, _ = expected.partition(":")
+    return algo == _CHECKSUM_ALGO and checksum(payload) == expected

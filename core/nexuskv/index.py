@@ -1,0 +1,287 @@
+"""The builtin pure-Python state index: which blocks are held where, and the longest restorable match.
+
+Keys map to interned `Holding` objects (the locations and state groups held for a block), so a block costs a
+key, a dict slot and a reverse-map slot: many blocks share one `Holding`. Any matcher plugin offers the same
+interface (`Matcher`), and `Match` turns its per-block answers into restore points per kind, tier and node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from nexuskv.contracts import Layout
+from nexuskv.kinds import group_masks, longest_restore_point
+
+__all__ = ["DictIndex", "Holding", "IndexSnapshot", "Location", "Match", "Matcher"]
+
+
+class Location(NamedTuple):
+    """A place a block can be held: tier, node and the node's epoch when it was written."""
+
+    tier: str
+    node: str
+    epoch: int = 0
+
+
+class Holding:
+    """Immutable, interned: where one block is held, and which state groups each location holds for it."""
+
+    __slots__ = ("_cache", "locations", "mask")
+
+    def __init__(self, locations: tuple[tuple[Location, int], ...]) -> None:
+        self.locations = locations
+        mask = 0
+        for _, m in locations:
+            mask |= m
+        self.mask = mask
+        self._cache: dict[tuple[str | None, str | None], int] = {}
+
+    def mask_at(self, tier: str | None = None, node: str | None = None) -> int:
+        """Groups held at locations matching `tier` and `node` (None matches any)."""
+        if tier is None and node is None:
+            return self.mask
+        k = (tier, node)
+        got = self._cache.get(k)
+        if got is None:
+            got = 0
+            for loc, m in self.locations:
+                if (tier is None or loc.tier == tier) and (node is None or loc.node == node):
+                    got |= m
+            self._cache[k] = got
+        return got
+
+    def tiers(self) -> set[str]:
+        """Tier names holding any part of the block."""
+        return {loc.tier for loc, _ in self.locations}
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{loc.tier}@{loc.node}#{loc.epoch}:{m:b}" for loc, m in self.locations)
+        return f"Holding({inner})"
+
+
+class Match:
+    """The answer of an index to one request's keys: per-block holdings, and restore points computed lazily."""
+
+    __slots__ = ("entries", "keys", "layout")
+
+    def __init__(self, keys: Sequence[bytes], entries: list[Holding | None], layout: Layout) -> None:
+        self.keys = keys
+        self.entries = entries  # entries[i] for the scanned prefix; None = not held anywhere
+        self.layout = layout
+
+    def masks(self, tier: str | None = None, node: str | None = None) -> list[int]:
+        """Per-block group masks held at `tier` / `node` (None matches any)."""
+        return [0 if h is None else h.mask_at(tier, node) for h in self.entries]
+
+    def longest(self, tier: str | None = None, node: str | None = None) -> int:
+        """Longest valid restore point, in blocks, using only state held at `tier` / `node`."""
+        entries = self.entries
+        paged, ckpt = group_masks(self.layout.groups)
+        if ckpt:
+            return longest_restore_point(self.layout, self.masks(tier, node))
+        # Paged groups only: the first block that misses a group ends the prefix. Few distinct holdings
+        # exist, so test each once and find the first bad one with list.index (C speed).
+        end = len(entries)
+        if None in entries:
+            end = entries.index(None)
+        for h in set(entries):
+            if h is not None and h.mask_at(tier, node) & paged != paged:
+                end = min(end, entries.index(h))
+        return end
+
+    def tokens(self, tier: str | None = None, node: str | None = None) -> int:
+        """Longest valid restore point in tokens."""
+        return self.longest(tier, node) * self.layout.page_size
+
+    def by_tier(self) -> dict[str, int]:
+        """Longest restore point (blocks) per tier holding any block of the match."""
+        tiers = sorted({t for h in set(self.entries) if h is not None for t in h.tiers()})
+        return {t: self.longest(tier=t) for t in tiers}
+
+    def by_node(self) -> dict[str, int]:
+        """Longest restore point (blocks) per node holding any block of the match."""
+        nodes = sorted({loc.node for h in set(self.entries) if h is not None for loc, _ in h.locations})
+        return {n: self.longest(node=n) for n in nodes}
+
+
+@runtime_checkable
+class Matcher(Protocol):
+    """What a matcher plugin provides: the state index and longest-prefix matching over block keys."""
+
+    def insert(self, key: bytes, location: Location, group_mask: int = 1) -> None:
+        """Record that `location` holds the groups in `group_mask` for block `key`."""
+
+    def remove(self, key: bytes, location: Location | None = None, group_mask: int | None = None) -> bool:
+        """Forget groups (all if None) of `key` at `location` (all if None); True if anything was removed."""
+
+    def drop_location(self, location: Location) -> int:
+        """Forget everything held at `location`; return how many blocks lost it."""
+
+    def drop_node(self, node: str, below_epoch: int | None = None) -> int:
+        """Forget a node's holdings (only those older than `below_epoch` if given); return blocks affected."""
+
+    def get(self, key: bytes) -> Holding | None:
+        """Exact match: the holding of one key."""
+
+    def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
+        """Longest-prefix match of a request's block keys."""
+
+    def holdings(self) -> Mapping[Location, int]:
+        """Blocks held per location."""
+
+    def snapshot(self) -> IndexSnapshot:
+        """A read-only, point-in-time view with the same `get` / `match`."""
+
+    def __len__(self) -> int:
+        """Number of indexed blocks."""
+
+
+def _scan(get: object, keys: Sequence[bytes], layout: Layout) -> list[Holding | None]:
+    entries = list(map(get, keys))  # type: ignore[call-overload]
+    paged, ckpt = group_masks(layout.groups)
+    if not ckpt and None in entries:
+        del entries[entries.index(None) :]  # a paged prefix cannot skip a block
+    return entries
+
+
+class IndexSnapshot:
+    """A point-in-time copy of an index: plans made against it are reproducible."""
+
+    __slots__ = ("_map", "version")
+
+    def __init__(self, mapping: dict[bytes, Holding], version: int) -> None:
+        self._map = MappingProxyType(mapping)
+        self.version = version
+
+    def get(self, key: bytes) -> Holding | None:
+        """Exact match: the holding of one key."""
+        return self._map.get(key)
+
+    def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
+        """Longest-prefix match against the snapshot."""
+        return Match(keys, _scan(self._map.get, keys, layout), layout)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._map)
+
+
+class DictIndex:
+    """The builtin matcher: a dict of key -> interned `Holding`, plus a reverse map per location."""
+
+    def __init__(self) -> None:
+        self._map: dict[bytes, Holding] = {}
+        self._intern: dict[tuple[tuple[Location, int], ...], Holding] = {}
+        self._by_loc: dict[Location, set[bytes]] = {}
+        self.version = 0
+
+    def _holding(self, locations: Iterable[tuple[Location, int]]) -> Holding | None:
+        locs = tuple(sorted((loc, m) for loc, m in locations if m))
+        if not locs:
+            return None
+        h = self._intern.get(locs)
+        if h is None:
+            h = self._intern[locs] = Holding(locs)
+        return h
+
+    def insert(self, key: bytes, location: Location, group_mask: int = 1) -> None:
+        """Record that `location` holds the groups in `group_mask` for block `key`."""
+        if group_mask <= 0:
+            raise ValueError(f"group_mask must be positive, got {group_mask}")
+        cur = self._map.get(key)
+        if cur is None:
+            locs: dict[Location, int] = {location: group_mask}
+        else:
+            locs = dict(cur.locations)
+            locs[location] = locs.get(location, 0) | group_mask
+        self._map[key] = self._holding(locs.items())  # type: ignore[assignment]
+        self._by_loc.setdefault(location, set()).add(key)
+        self.version += 1
+
+    def remove(self, key: bytes, location: Location | None = None, group_mask: int | None = None) -> bool:
+        """Forget groups (all if None) of `key` at `location` (all if None); True if anything was removed."""
+        cur = self._map.get(key)
+        if cur is None:
+            return False
+        locs = dict(cur.locations)
+        targets = list(locs) if location is None else [location]
+        changed = False
+        for loc in targets:
+            had = locs.get(loc, 0)
+            if not had:
+                continue
+            left = 0 if group_mask is None else had & ~group_mask
+            if left == had:
+                continue
+            changed = True
+            locs[loc] = left
+            if not left:
+                keys = self._by_loc.get(loc)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del self._by_loc[loc]
+        if not changed:
+            return False
+        h = self._holding(locs.items())
+        if h is None:
+            del self._map[key]
+        else:
+            self._map[key] = h
+        self.version += 1
+        return True
+
+    def drop_location(self, location: Location) -> int:
+        """Forget everything held at `location`; return how many blocks lost it."""
+        keys = self._by_loc.pop(location, set())
+        for key in keys:
+            cur = self._map[key]
+            h = self._holding((loc, m) for loc, m in cur.locations if loc != location)
+            if h is None:
+                del self._map[key]
+            else:
+                self._map[key] = h
+        if keys:
+            self.version += 1
+            live = set(self._map.values())
+            self._intern = {h.locations: h for h in live}
+        return len(keys)
+
+    def drop_node(self, node: str, below_epoch: int | None = None) -> int:
+        """Forget a node's holdings (only those written before `below_epoch` if given); return blocks affected."""
+        doomed = [
+            loc
+            for loc in self._by_loc
+            if loc.node == node and (below_epoch is None or loc.epoch < below_epoch)
+        ]
+        return sum(self.drop_location(loc) for loc in doomed)
+
+    def get(self, key: bytes) -> Holding | None:
+        """Exact match: the holding of one key."""
+        return self._map.get(key)
+
+    def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
+        """Longest-prefix match of a request's block keys against the live index."""
+        return Match(keys, _scan(self._map.get, keys, layout), layout)
+
+    def holdings(self) -> dict[Location, int]:
+        """Blocks held per location."""
+        return {loc: len(keys) for loc, keys in sorted(self._by_loc.items())}
+
+    def keys_at(self, location: Location) -> frozenset[bytes]:
+        """Keys held at one location."""
+        return frozenset(self._by_loc.get(location, ()))
+
+    def snapshot(self) -> IndexSnapshot:
+        """A read-only, point-in-time copy with the same `get` / `match`."""
+        return IndexSnapshot(dict(self._map), self.version)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
