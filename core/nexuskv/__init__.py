@@ -53,13 +53,13 @@ from nexuskv.interfaces import (
     Transport,
     slot_of,
 )
-from nexuskv.kinds import longest_restore_point, valid_restore_point
-from nexuskv.logs import bind_request, configure_logging, get_logger
-from nexuskv.units import parse_bytes
 
 # The kernel facade last: it pulls in the plugin manager, whose builtins import the names above.
-from nexuskv.kernel import Kernel, KernelConfig  # noqa: E402, I001
-from nexuskv.plugins import PluginManager  # noqa: E402
+from nexuskv.kernel import Kernel, KernelConfig
+from nexuskv.kinds import longest_restore_point, valid_restore_point
+from nexuskv.logs import bind_request, configure_logging, get_logger
+from nexuskv.plugins import PluginManager
+from nexuskv.units import parse_bytes
 
 __version__ = "0.1.0"
 
@@ -124,4 +124,5 @@ __all__ = [
     "slot_of",
     "to_dict",
     "valid_restore_point",
+    "verify_checksum",
 ]

@@ -44,7 +44,8 @@ def run_demo(turns: int = 4, echo: Callable[[str], None] = print, seed: int = 7)
     with Kernel(cfg, secret=random.randbytes(32)) as kernel:
         dense = Layout(groups=[StateGroup(kind=StateKind.DENSE, layers=4, kv_heads=2, head_dim=64)], page_size=PAGE)
         echo("== 1. A multi-turn chat session (tenant acme): each turn reuses the blocks of the last ==")
-        echo(f"{'turn':>4} {'prompt':>7} {'blocks':>6} {'matched':>7} {'reusable tokens':>15} {'new blocks stored':>17}")
+        echo(f"{'turn':>4} {'prompt':>7} {'blocks':>6} {'matched':>7} {'reusable tokens':>15} "
+             f"{'new blocks stored':>17}")
         history: list[int] = [random.randrange(32000) for _ in range(200)]  # system prompt + first question
         for turn in range(1, turns + 1):
             req = _request(f"acme-{turn}", "acme", history, dense)

@@ -146,8 +146,9 @@ def _problems(err: jsonschema.ValidationError) -> list[tuple[str, str]]:
         return [(format_path([*path, missing]), "required field is missing")]
     if err.validator == "anyOf" and err.context:
         # Optional[X]: report why the non-null branch failed, it is the one the caller meant.
-        best = jsonschema.exceptions.best_match(err.context)
-        return [(format_path([*path, *best.relative_path]), best.message)]
+        real = [e for e in err.context if not (e.validator == "type" and e.validator_value == "null")]
+        best = jsonschema.exceptions.best_match(real or err.context)
+        return _problems(best)
     if err.validator == "type":
         return [(format_path(path), f"expected {err.validator_value}, got {_json_type(err.instance)}")]
     msg = err.message if len(err.message) <= 200 else err.message[:197] + "..."

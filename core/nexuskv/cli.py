@@ -45,7 +45,9 @@ def plugins_cmd(as_json: bool) -> None:
     infos = pm.info()
     if as_json:
         click.echo(json.dumps({
-            "plugins": [{"name": i.name, "source": i.source, "version": i.version, "hooks": list(i.hooks)} for i in infos],
+            "plugins": [
+                {"name": i.name, "source": i.source, "version": i.version, "hooks": list(i.hooks)} for i in infos
+            ],
             "problems": [{"plugin": p.plugin, "stage": p.stage, "message": p.message} for p in pm.problems],
         }, indent=2))  # fmt: skip
     else:

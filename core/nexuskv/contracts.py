@@ -212,13 +212,19 @@ class StateDescriptor:
     layout: Layout = field(metadata=_doc("State layout."))
     span: TokenSpan = field(metadata=_doc("Token span this state covers (checkpoints: [0, position))."))
     nbytes: int = field(metadata=_doc("Payload size in bytes, after the codec.", minimum=0))
-    checksum: str = field(metadata=_doc("`algorithm:hexdigest` of the stored payload.", pattern="^[a-z0-9-]+:[0-9a-f]+$"))
+    checksum: str = field(
+        metadata=_doc("`algorithm:hexdigest` of the stored payload.", pattern="^[a-z0-9-]+:[0-9a-f]+$")
+    )
     placement: Placement = field(metadata=_doc("Where the payload lives."))
-    parent_key: str | None = field(default=None, metadata=_doc("Key of the previous block; null at the root.", **_HEX_KEY))
+    parent_key: str | None = field(
+        default=None, metadata=_doc("Key of the previous block; null at the root.", **_HEX_KEY)
+    )
     group: int = field(default=0, metadata=_doc("Index of the layout group this payload holds.", minimum=0))
     codec: str = field(default="raw", metadata=_doc("Codec of the stored payload, e.g. `raw`, `zstd`.", **_NAME))
-    raw_nbytes: int = field(default=0, metadata=_doc("Payload size before the codec (0 = same as nbytes).", minimum=0))
-    tensors: tuple[TensorSpec, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Raw tensors in the payload."))
+    raw_nbytes: int = field(default=0, metadata=_doc("Payload size before the codec (0: same as nbytes).", minimum=0))
+    tensors: tuple[TensorSpec, ...] = field(
+        factory=tuple, converter=_tuple, metadata=_doc("Raw tensors in the payload.")
+    )
     usage: Usage = field(factory=Usage, metadata=_doc("Usage statistics."))
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_doc("Contract version.", const=SCHEMA_VERSION))
 
@@ -355,7 +361,9 @@ class Calibration:
 
     method: str = field(metadata=_doc("`default`, or the calibration command that produced the profile."))
     samples: int = field(default=0, metadata=_doc("Measurements fitted.", minimum=0))
-    heldout_error_pct: float | None = field(default=None, metadata=_doc("Mean error on held-out lengths (%).", minimum=0))
+    heldout_error_pct: float | None = field(
+        default=None, metadata=_doc("Mean error on held-out lengths (%).", minimum=0)
+    )
 
 
 @define(frozen=True)

@@ -140,7 +140,7 @@ class Matcher(Protocol):
 
 def _scan(get: object, keys: Sequence[bytes], layout: Layout) -> list[Holding | None]:
     entries = list(map(get, keys))  # type: ignore[call-overload]
-    paged, ckpt = group_masks(layout.groups)
+    _, ckpt = group_masks(layout.groups)
     if not ckpt and None in entries:
         del entries[entries.index(None) :]  # a paged prefix cannot skip a block
     return entries

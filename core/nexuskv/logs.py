@@ -56,8 +56,8 @@ def configure_logging(
 
 
 def get_logger(name: str) -> Any:
-    """A lazy structlog logger tagged with `logger=name` (it follows whatever configuration is current)."""
-    return structlog.get_logger().bind(logger=name)
+    """A lazy structlog logger tagged with `component=name`; it follows whatever configuration is current."""
+    return structlog.get_logger(component=name)
 
 
 @contextlib.contextmanager

@@ -98,6 +98,11 @@ class PluginManager:
         except Exception as exc:  # pluggy.PluginValidationError, duplicate names
             self._problem(name, "register", f"{type(exc).__name__}: {exc}")
             return
+        unknown = sorted(hc.name for hc in self.pm.get_hookcallers(plugin) or [] if hc.spec is None)
+        if unknown:  # a typo in a hook name would otherwise be silently never called
+            self.pm.unregister(plugin)
+            self._problem(name, "register", f"implements unknown hooks {unknown} (see docs/plugins.md)")
+            return
         self._sources[name] = source
 
     def _load_entry_points(self, allow: set[str] | None, deny: set[str]) -> None:
@@ -125,14 +130,14 @@ class PluginManager:
         return list(reversed(getattr(self.pm.hook, hook_name).get_hookimpls()))  # call order
 
     def collect(self, hook_name: str) -> dict[str, Any]:
-        """Call a registrar hook on every plugin; return `name -> registered value` (first plugin wins).
+        """Call a registrar hook on every plugin; return `name -> registered value` (first registered wins).
 
         A plugin whose registrar raises is reported and its registrations dropped; a name registered twice is
         reported and the first registration kept.
         """
         out: dict[str, Any] = {}
         owner: dict[str, str] = {}
-        for impl in self._impls(hook_name):
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():  # registration order: builtins first
             mine: dict[str, Any] = {}
 
             def register(name: str, value: Any, *more: Any, _mine: dict[str, Any] = mine) -> None:

@@ -66,7 +66,7 @@ class DramStore:
             if self._used - free_able + need > self.capacity_bytes:
                 return False
         while self._used + need > self.capacity_bytes:
-            prio, seq, slot = heapq.heappop(self._heap)
+            _, seq, slot = heapq.heappop(self._heap)
             item = self._items.get(slot)
             if item is None or item[3] != seq:
                 continue  # stale heap entry

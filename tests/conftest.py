@@ -1,0 +1,49 @@
+"""Shared fixtures: small layouts, requests and a kernel with a fixed secret."""
+
+from __future__ import annotations
+
+import pytest
+
+from nexuskv import (
+    Kernel,
+    KernelConfig,
+    Layout,
+    ModelIdentity,
+    Request,
+    StateGroup,
+    TokenizerIdentity,
+)
+
+SECRET = bytes(range(32))
+
+
+def layout_of(*kinds: str, page_size: int = 16) -> Layout:
+    return Layout(groups=[StateGroup(kind=k, layers=2, kv_heads=2, head_dim=8) for k in kinds], page_size=page_size)
+
+
+def make_request(tokens, tenant: str = "acme", layout: Layout | None = None, **kw) -> Request:
+    return Request(
+        request_id=kw.pop("request_id", "r"),
+        tenant=tenant,
+        model=kw.pop("model", ModelIdentity(name="tiny", revision="1")),
+        tokenizer=kw.pop("tokenizer", TokenizerIdentity(name="tok")),
+        layout=layout or layout_of("dense"),
+        token_ids=list(tokens),
+        **kw,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _isolated_secret(tmp_path, monkeypatch):
+    """Never touch the real ~/.local/state/nexuskv/secret from tests."""
+    monkeypatch.delenv("NEXUSKV_SECRET", raising=False)
+    monkeypatch.setenv("NEXUSKV_SECRET_FILE", str(tmp_path / "secret"))
+    monkeypatch.delenv("NEXUSKV_PLUGINS", raising=False)
+    monkeypatch.delenv("NEXUSKV_DISABLE_PLUGINS", raising=False)
+
+
+@pytest.fixture
+def kernel():
+    k = Kernel(KernelConfig(node="n1", tiers={"dram": {"store": "dram", "capacity_bytes": "1MiB"}}), secret=SECRET)
+    yield k
+    k.close()

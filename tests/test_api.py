@@ -1,0 +1,30 @@
+"""The public API is exactly this list: changing it is a deliberate act (and a CHANGELOG entry)."""
+
+import nexuskv
+
+PUBLIC = {
+    "AdapterIdentity", "BlockKeyer", "Calibration", "ChecksumError", "CodecCost", "ConfigError", "ContractError",
+    "ControlPlane", "CostProfile", "DictIndex", "EvictionCallback", "ExtraInput", "Holding", "IndexSnapshot",
+    "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "LinkCost", "Location", "Match", "Matcher",
+    "ModelIdentity", "Namespace", "NexusKVError", "Placement", "Plan", "PlanAction", "PlanSpan", "PluginError",
+    "PluginManager", "Predicted", "PrefillCost", "Request", "SchemaVersionError", "Slo", "StateDescriptor",
+    "StateGroup", "StateKind", "StoredState", "TensorSpec", "TierStore", "TokenSpan", "TokenizerIdentity",
+    "Transport", "Usage", "__version__", "bind_request", "checksum", "configure_logging", "from_dict",
+    "get_logger", "hookimpl", "load_secret", "longest_restore_point", "parse_bytes", "slot_of", "to_dict",
+    "valid_restore_point", "verify_checksum",
+}  # fmt: skip
+
+
+def test_public_api_is_pinned():
+    assert set(nexuskv.__all__) == PUBLIC
+
+
+def test_every_public_name_exists():
+    for name in nexuskv.__all__:
+        assert hasattr(nexuskv, name), name
+
+
+def test_version_matches_distribution():
+    from importlib.metadata import version
+
+    assert nexuskv.__version__ == version("nexuskv")

@@ -1,0 +1,96 @@
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nexuskv import TierStore
+from nexuskv.builtins.dram import DramStore
+from tests.test_contracts import next_descriptor
+
+D = next_descriptor()
+
+
+def s(i: int) -> bytes:
+    return i.to_bytes(17, "big")
+
+
+def test_is_a_tier_store():
+    assert isinstance(DramStore(100), TierStore)
+
+
+def test_put_get_delete_zero_copy():
+    st_ = DramStore(100)
+    assert st_.put(s(1), b"abc", D)
+    got = st_.get(s(1))
+    assert bytes(got.payload) == b"abc" and got.descriptor == D
+    assert isinstance(got.payload, memoryview) and got.payload.readonly
+    assert s(1) in st_ and st_.used_bytes() == 3
+    assert st_.delete(s(1)) and not st_.delete(s(1))
+    assert st_.get(s(1)) is None and st_.used_bytes() == 0
+
+
+def test_evicts_lowest_priority_then_lru_and_calls_back():
+    evicted = []
+    st_ = DramStore(30)
+    st_.set_eviction_callback(lambda slot, desc: evicted.append(slot))
+    st_.put(s(1), b"x" * 10, D, priority=5)
+    st_.put(s(2), b"x" * 10, D, priority=1)
+    st_.put(s(3), b"x" * 10, D, priority=1)
+    st_.get(s(2))  # s(3) is now the least recently used among priority 1
+    assert st_.put(s(4), b"x" * 10, D, priority=1)
+    assert evicted == [s(3)]
+    assert st_.put(s(5), b"x" * 20, D, priority=2)
+    assert evicted == [s(3), s(2), s(4)]
+    assert set(st_.slots()) == {s(1), s(5)} and st_.used_bytes() == 30
+
+
+def test_refuses_what_cannot_fit_without_evicting_higher_priority():
+    evicted = []
+    st_ = DramStore(20)
+    st_.set_eviction_callback(lambda slot, desc: evicted.append(slot))
+    st_.put(s(1), b"x" * 15, D, priority=9)
+    assert not st_.put(s(2), b"x" * 10, D, priority=1)
+    assert not st_.put(s(3), b"x" * 21, D, priority=99)
+    assert evicted == [] and s(1) in st_
+
+
+def test_replacing_a_slot_that_no_longer_fits_keeps_the_old_payload():
+    st_ = DramStore(20)
+    st_.put(s(1), b"x" * 10, D, priority=9)
+    st_.put(s(2), b"y" * 10, D, priority=9)
+    assert not st_.put(s(1), b"z" * 15, D, priority=0)
+    assert bytes(st_.get(s(1)).payload) == b"x" * 10
+
+
+@settings(max_examples=50)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(1, 40), st.integers(0, 3)), max_size=60))
+def test_never_exceeds_capacity_and_accounting_is_exact(ops):
+    evicted = []
+    st_ = DramStore(100)
+    st_.set_eviction_callback(lambda slot, desc: evicted.append(slot))
+    for key, size, prio in ops:
+        st_.put(s(key), bytes(size), D, prio)
+        assert st_.used_bytes() <= 100
+        assert st_.used_bytes() == sum(len(st_.get(k).payload) for k in list(st_.slots()))
+    assert not set(evicted) - {s(k) for k, _, _ in ops}
+
+
+def test_thread_safe_puts():
+    st_ = DramStore(10_000)
+
+    def work(base):
+        for i in range(200):
+            st_.put(s(base + i), b"x" * 10, D)
+
+    ts = [threading.Thread(target=work, args=(n * 1000,)) for n in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert st_.used_bytes() == 8000 and len(st_) == 800
+
+
+def test_bad_capacity():
+    with pytest.raises(ValueError):
+        DramStore(0)

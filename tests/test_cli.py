@@ -1,0 +1,86 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from nexuskv import to_dict
+from nexuskv.cli import cli
+from tests.conftest import make_request
+from tests.test_plugins import GOOD, install_dist
+
+
+@pytest.fixture
+def run():
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(cli, ["--log-level", "warning", *args], catch_exceptions=False)
+
+    return invoke
+
+
+def test_plugins_lists_builtins_with_hooks(run):
+    res = run("plugins")
+    assert res.exit_code == 0
+    assert "dram" in res.output and "nexuskv_register_tier_stores" in res.output
+
+
+def test_plugins_json_and_problem_exit_code(run, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    install_dist(tmp_path, "nexuskv-broken", {"broken": "raise ImportError('no such lib')\n"})
+    install_dist(tmp_path, "nexuskv-null", {"null": GOOD})
+    res = run("plugins", "--json")
+    assert res.exit_code == 1
+    data = json.loads(res.stdout)
+    assert {p["name"] for p in data["plugins"]} >= {"dram", "null"}
+    assert data["problems"][0]["plugin"] == "broken"
+
+
+def test_schema_check_and_export(run, tmp_path):
+    assert run("schema", "export", "--check").exit_code == 0
+    res = run("schema", "export", "--dir", str(tmp_path))
+    assert res.exit_code == 0 and len(list(tmp_path.glob("*.v1.json"))) == 4
+    (tmp_path / "plan.v1.json").write_text("{}")
+    res = run("schema", "export", "--dir", str(tmp_path), "--check")
+    assert res.exit_code == 1 and "plan.v1.json" in res.output
+
+
+def test_schema_validate(run, tmp_path):
+    good = tmp_path / "req.json"
+    good.write_text(json.dumps(to_dict(make_request(range(40)))))
+    assert run("schema", "validate", "request", str(good)).exit_code == 0
+    bad = tmp_path / "bad.json"
+    d = to_dict(make_request(range(40)))
+    d["token_ids"][3] = "x"
+    bad.write_text(json.dumps(d))
+    res = run("schema", "validate", "request", str(bad))
+    assert res.exit_code == 1 and "token_ids[3]: expected integer, got string" in res.output
+    broken = tmp_path / "broken.json"
+    broken.write_text("{\n  'x': 1}")
+    res = CliRunner().invoke(cli, ["schema", "validate", "request", str(broken)])
+    assert res.exit_code == 1 and "line 2 column 3" in res.output
+
+
+def test_keys(run, tmp_path):
+    f = tmp_path / "req.json"
+    f.write_text(json.dumps(to_dict(make_request(range(40)))))
+    res = run("keys", "--request", str(f))
+    assert res.exit_code == 0
+    assert len(res.output.splitlines()) == 2 and "[16, 32)" in res.output
+
+
+def test_demo_runs_and_shows_isolation(run):
+    res = run("demo", "--turns", "3")
+    assert res.exit_code == 0, res.output
+    assert "tenant globex              reusable tokens: 0" in res.output
+    assert "hybrid dense+recurrent" in res.output
+
+
+def test_demo_numbers():
+    from nexuskv._demo import run_demo
+
+    out = run_demo(turns=3, echo=lambda *_: None)
+    assert out["turn1_reused"] == 0 and out["turn2_reused"] > 0 and out["turn3_reused"] > out["turn2_reused"]
+    assert out["tenant globex"] == out["model revision r2"] == out["cache salt 'x'"] == 0
+    assert out["same tenant, same model"] > 0
+    assert out["recurrent (ckpt every 16)"] % 16 == 0
