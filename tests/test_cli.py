@@ -84,3 +84,7 @@ def test_demo_numbers():
     assert out["tenant globex"] == out["model revision r2"] == out["cache salt 'x'"] == 0
     assert out["same tenant, same model"] > 0
     assert out["recurrent (ckpt every 16)"] % 16 == 0
+    assert out["evictions plain LRU"] == 16 and out["refused plain LRU"] == 0
+    assert out["evictions deeper blocks first"] == 0 and out["refused deeper blocks first"] == 16
+    assert out["indexed plain LRU"] == out["indexed deeper blocks first"] == 24
+    assert out["longest plain LRU"] == 0 and out["longest deeper blocks first"] == 24

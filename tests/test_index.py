@@ -85,6 +85,20 @@ def test_drop_node_below_epoch_fences_stale_holdings():
     assert idx.get(k(0)) is None and idx.get(k(1)) is not None
 
 
+def test_insert_many_equals_repeated_insert():
+    a, b = DictIndex(), DictIndex()
+    for i in range(5):
+        a.insert(k(i), C)
+        b.insert(k(i), C)
+    a.insert_many([k(i) for i in range(8)], A, 0b10)
+    for i in range(8):
+        b.insert(k(i), A, 0b10)
+    assert {i: a.get(k(i)).locations for i in range(8)} == {i: b.get(k(i)).locations for i in range(8)}
+    assert a.holdings() == b.holdings()
+    with pytest.raises(ValueError):
+        a.insert_many([k(0)], A, 0)
+
+
 def test_holdings_are_interned():
     idx = DictIndex()
     for i in range(100):

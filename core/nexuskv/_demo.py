@@ -23,8 +23,11 @@ def _request(rid: str, tenant: str, tokens: list[int], layout: Layout, revision:
     )
 
 
-def _commit(kernel: Kernel, request: Request, group: int = 0, every: int = 1) -> int:
-    """Store state for the request's full blocks (every `every`-th block for checkpointed kinds)."""
+def _commit(kernel: Kernel, request: Request, group: int = 0, every: int = 1, prefix_first: bool = False) -> int:
+    """Store state for the request's full blocks (every `every`-th block for checkpointed kinds).
+
+    `prefix_first` gives deeper blocks lower eviction priority, so a full tier drops tails, not heads.
+    """
     keys = kernel.keys(request)
     stored = 0
     for b in range(len(keys)):
@@ -32,7 +35,7 @@ def _commit(kernel: Kernel, request: Request, group: int = 0, every: int = 1) ->
             continue
         payload = random.randbytes(PAGE * BYTES_PER_TOKEN // 64)
         desc = kernel.describe(request, b, payload, tier="dram", group=group, keys=keys)
-        stored += kernel.put(desc, payload)
+        stored += kernel.put(desc, payload, priority=-b if prefix_first else 0.0)
     return stored
 
 
@@ -98,6 +101,27 @@ def run_demo(turns: int = 4, echo: Callable[[str], None] = print, seed: int = 7)
         store = kernel.tiers["dram"]
         echo(f"  dram: {store.used_bytes() / 2**20:.1f} MiB used of {store.capacity_bytes / 2**20:.0f} MiB, "
              f"{len(kernel.index)} blocks indexed")  # fmt: skip
+
+    echo("\n== 5. A small DRAM tier under pressure: evictions call back, the index follows exactly ==")
+    page_bytes = PAGE * BYTES_PER_TOKEN // 64
+    small = KernelConfig(node="node-b", tiers={"dram": {"store": "dram", "capacity_bytes": 24 * page_bytes}})
+    with Kernel(small, secret=random.randbytes(32)) as kernel:
+        req = _request("big", "acme", [random.randrange(32000) for _ in range(40 * PAGE)], dense)
+        store = kernel.tiers["dram"]
+        for label, prefix_first in (("plain LRU", False), ("deeper blocks first", True)):
+            for slot in list(store.slots()):
+                store.delete(slot)
+                kernel.index.remove(slot[:-1])
+            store.evictions = 0
+            stored = _commit(kernel, req, prefix_first=prefix_first)
+            longest = kernel.match(req).longest()
+            out[f"evictions {label}"] = store.evictions
+            out[f"refused {label}"] = 40 - stored
+            out[f"indexed {label}"] = len(kernel.index)
+            out[f"longest {label}"] = longest
+            echo(f"  {label:<20} 40 blocks into room for 24: {store.evictions} evicted, {40 - stored} refused, "
+                 f"{len(store)} held, "
+                 f"{len(kernel.index)} indexed, longest reusable prefix {longest} blocks")
     return out
 
 

@@ -64,12 +64,19 @@ class Holding:
 class Match:
     """The answer of an index to one request's keys: per-block holdings, and restore points computed lazily."""
 
-    __slots__ = ("entries", "keys", "layout")
+    __slots__ = ("distinct", "entries", "keys", "layout")
 
-    def __init__(self, keys: Sequence[bytes], entries: list[Holding | None], layout: Layout) -> None:
+    def __init__(
+        self,
+        keys: Sequence[bytes],
+        entries: list[Holding | None],
+        layout: Layout,
+        distinct: set[Holding | None] | None = None,
+    ) -> None:
         self.keys = keys
         self.entries = entries  # entries[i] for the scanned prefix; None = not held anywhere
         self.layout = layout
+        self.distinct = set(entries) if distinct is None else distinct  # few: holdings are interned
 
     def masks(self, tier: str | None = None, node: str | None = None) -> list[int]:
         """Per-block group masks held at `tier` / `node` (None matches any)."""
@@ -84,10 +91,8 @@ class Match:
         # Paged groups only: the first block that misses a group ends the prefix. Few distinct holdings
         # exist, so test each once and find the first bad one with list.index (C speed).
         end = len(entries)
-        if None in entries:
-            end = entries.index(None)
-        for h in set(entries):
-            if h is not None and h.mask_at(tier, node) & paged != paged:
+        for h in self.distinct:
+            if h is None or h.mask_at(tier, node) & paged != paged:
                 end = min(end, entries.index(h))
         return end
 
@@ -97,12 +102,12 @@ class Match:
 
     def by_tier(self) -> dict[str, int]:
         """Longest restore point (blocks) per tier holding any block of the match."""
-        tiers = sorted({t for h in set(self.entries) if h is not None for t in h.tiers()})
+        tiers = sorted({t for h in self.distinct if h is not None for t in h.tiers()})
         return {t: self.longest(tier=t) for t in tiers}
 
     def by_node(self) -> dict[str, int]:
         """Longest restore point (blocks) per node holding any block of the match."""
-        nodes = sorted({loc.node for h in set(self.entries) if h is not None for loc, _ in h.locations})
+        nodes = sorted({loc.node for h in self.distinct if h is not None for loc, _ in h.locations})
         return {n: self.longest(node=n) for n in nodes}
 
 
@@ -112,6 +117,9 @@ class Matcher(Protocol):
 
     def insert(self, key: bytes, location: Location, group_mask: int = 1) -> None:
         """Record that `location` holds the groups in `group_mask` for block `key`."""
+
+    def insert_many(self, keys: Iterable[bytes], location: Location, group_mask: int = 1) -> None:
+        """`insert` for many keys at one location."""
 
     def remove(self, key: bytes, location: Location | None = None, group_mask: int | None = None) -> bool:
         """Forget groups (all if None) of `key` at `location` (all if None); True if anything was removed."""
@@ -138,12 +146,13 @@ class Matcher(Protocol):
         """Number of indexed blocks."""
 
 
-def _scan(get: object, keys: Sequence[bytes], layout: Layout) -> list[Holding | None]:
+def _scan(get: object, keys: Sequence[bytes], layout: Layout) -> Match:
     entries = list(map(get, keys))  # type: ignore[call-overload]
-    _, ckpt = group_masks(layout.groups)
-    if not ckpt and None in entries:
-        del entries[entries.index(None) :]  # a paged prefix cannot skip a block
-    return entries
+    distinct = set(entries)
+    if None in distinct and not group_masks(layout.groups)[1]:
+        del entries[entries.index(None) :]  # a paged prefix cannot skip a block: stop at the first miss
+        distinct = set(entries)
+    return Match(keys, entries, layout, distinct)
 
 
 class IndexSnapshot:
@@ -161,7 +170,7 @@ class IndexSnapshot:
 
     def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
         """Longest-prefix match against the snapshot."""
-        return Match(keys, _scan(self._map.get, keys, layout), layout)
+        return _scan(self._map.get, keys, layout)
 
     def __len__(self) -> int:
         return len(self._map)
@@ -200,6 +209,24 @@ class DictIndex:
             locs[location] = locs.get(location, 0) | group_mask
         self._map[key] = self._holding(locs.items())  # type: ignore[assignment]
         self._by_loc.setdefault(location, set()).add(key)
+        self.version += 1
+
+    def insert_many(self, keys: Iterable[bytes], location: Location, group_mask: int = 1) -> None:
+        """`insert` for many keys at one location (a committed request's blocks); fast for new keys."""
+        if group_mask <= 0:
+            raise ValueError(f"group_mask must be positive, got {group_mask}")
+        fresh = self._holding(((location, group_mask),))
+        held = self._by_loc.setdefault(location, set())
+        m = self._map
+        for key in keys:
+            cur = m.get(key)
+            if cur is None:
+                m[key] = fresh  # type: ignore[assignment]
+            elif cur is not fresh:
+                locs = dict(cur.locations)
+                locs[location] = locs.get(location, 0) | group_mask
+                m[key] = self._holding(locs.items())  # type: ignore[assignment]
+            held.add(key)
         self.version += 1
 
     def remove(self, key: bytes, location: Location | None = None, group_mask: int | None = None) -> bool:
@@ -266,7 +293,7 @@ class DictIndex:
 
     def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
         """Longest-prefix match of a request's block keys against the live index."""
-        return Match(keys, _scan(self._map.get, keys, layout), layout)
+        return _scan(self._map.get, keys, layout)
 
     def holdings(self) -> dict[Location, int]:
         """Blocks held per location."""

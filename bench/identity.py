@@ -1,0 +1,112 @@
+"""Block-key throughput and index longest-match latency, each against the baseline it names, plus memory.
+
+Run: `.venv/bin/python bench/identity.py` (about a minute). Baselines, in the same process:
+- keys: one keyed BLAKE2b over the request's token bytes (already serialised: the cheapest keyed hash of the
+  same input; our side also serialises the token ids and chains 2,048 keyed hashes);
+- match: plain dict lookups of the same keys in a dict of the same size (`[d[k] for k in keys]`).
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import os
+import random
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import interleaved, result
+from nexuskv import BlockKeyer, DictIndex, Layout, Location, ModelIdentity, Request, StateGroup, TokenizerIdentity
+
+PAGE = 16
+TOKENS = 32 * 1024
+SECRET = os.urandom(32)
+LAYOUT = Layout(groups=[StateGroup(kind="dense", layers=32, kv_heads=8, head_dim=128)], page_size=PAGE)
+rng = random.Random(42)
+
+
+def request(tokens: list[int], tenant: str = "acme") -> Request:
+    return Request(request_id="bench", tenant=tenant, model=ModelIdentity(name="llama-8b", revision="1"),
+                   tokenizer=TokenizerIdentity(name="llama"), layout=LAYOUT, token_ids=tokens)  # fmt: skip
+
+
+def bench_keys(keyer: BlockKeyer) -> float:
+    tokens = [rng.randrange(128_000) for _ in range(TOKENS)]
+    req = request(tokens)
+    raw = array.array("I", tokens).tobytes()
+    t = interleaved({
+        "keys": lambda: keyer.request_keys(req),
+        "single": lambda: hashlib.blake2b(raw, key=SECRET, digest_size=16).digest(),
+        "single+serialise": lambda: hashlib.blake2b(array.array("I", tokens).tobytes(), key=SECRET).digest(),
+    }, rounds=40, inner=3)  # fmt: skip
+    n = len(keyer.request_keys(req))
+    print(f"block keys, {TOKENS} tokens, page {PAGE}: {n} keys in {t['keys'] * 1e3:.3f} ms "
+          f"({n / t['keys'] / 1e6:.2f} M keys/s, {TOKENS * 4 / t['keys'] / 2**20:.0f} MiB/s of token bytes)")
+    print(f"  baseline one keyed BLAKE2b over the same {len(raw)} bytes: {t['single'] * 1e3:.3f} ms; "
+          f"with serialising the ids: {t['single+serialise'] * 1e3:.3f} ms")
+    print(f"  ratio keys / single hash: {t['keys'] / t['single']:.2f}  "
+          f"(/ single hash incl. serialising: {t['keys'] / t['single+serialise']:.2f})")
+    return t["keys"] / t["single"]
+
+
+def build_index(keyer: BlockKeyer, blocks: int) -> tuple[DictIndex, list[bytes], int]:
+    """An index of `blocks` blocks from many 32k-token requests; returns it, one request's keys, bytes used."""
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    idx = DictIndex()
+    loc = Location("dram", "node-a", 1)
+    per = TOKENS // PAGE
+    probe: list[bytes] = []
+    done = 0
+    r = 0
+    while done < blocks:
+        n = min(per, blocks - done)
+        tokens = array.array("I", rng.randbytes(4 * n * PAGE)).tolist()  # fast random ids
+        keys = keyer.request_keys(request(tokens, tenant=f"t{r % 50}"))
+        idx.insert_many(keys, loc)
+        if not probe and n == per:
+            probe = keys
+        done += n
+        r += 1
+        del keys
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return idx, probe, used - sys.getsizeof(probe)  # the probe list is the bench's, not the index's
+
+
+def bench_match(keyer: BlockKeyer, blocks: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    idx, keys, used = build_index(keyer, blocks)
+    built = time.perf_counter() - t0
+    plain = dict.fromkeys(idx.snapshot(), 1)  # a plain dict of the same keys
+    assert len(plain) == blocks
+    t = interleaved({
+        "match": lambda: idx.match(keys, LAYOUT).longest(),
+        "dict": lambda: [plain[k] for k in keys],
+    }, rounds=60, inner=5)  # fmt: skip
+    assert idx.match(keys, LAYOUT).longest() == len(keys)
+    per_block = used / blocks
+    print(f"index of {blocks:.0e} blocks (built in {built:.1f} s under tracemalloc): "
+          f"{per_block:.0f} bytes per block (keys, dict, reverse map, holdings)")
+    print(f"  longest match of {len(keys)} keys: {t['match'] * 1e6:.0f} us; plain dict lookups "
+          f"{t['dict'] * 1e6:.0f} us; ratio {t['match'] / t['dict']:.2f}")
+    return t["match"] / t["dict"], per_block
+
+
+def main() -> None:
+    keyer = BlockKeyer(SECRET, PAGE)
+    keys_ratio = bench_keys(keyer)
+    r5, _ = bench_match(keyer, 10**5)
+    r6, b6 = bench_match(keyer, 10**6)
+    print(f"match / dict at 1e5: {r5:.2f}")
+    result("identity.keys_over_single_hash_32k", keys_ratio, "<=", 10)
+    result("index.match_over_dict_1e5", r5, "<=", 3)
+    result("index.match_over_dict_1e6", r6, "<=", 3)
+    result("index.bytes_per_block_1e6", b6, "<=", 300)
+
+
+if __name__ == "__main__":
+    main()
