@@ -18,7 +18,7 @@ demo: setup
 	$(VENV)/bin/nexuskv demo
 
 lint: setup
-	$(VENV)/bin/ruff check core tests bench plugins
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/nexuskv --log-level warning schema export --check
 
 test: lint
