@@ -107,6 +107,67 @@ def schema_validate(contract: str, file: str) -> None:
     click.echo(f"{file}: valid {contract}")
 
 
+@cli.group("policy")
+def policy_grp() -> None:
+    """Check, unit-test and explain policy files."""
+
+
+def _functions() -> dict[str, Any]:
+    from nexuskv.policy.policyset import plugin_functions
+
+    decls, problems = plugin_functions(PluginManager().cel_functions())
+    for p in problems:
+        click.echo(f"warning: {p}", err=True)
+    return decls
+
+
+@policy_grp.command("check")
+@click.argument("directory", type=click.Path(file_okay=False))
+def policy_check(directory: str) -> None:
+    """Load every policy of DIRECTORY; print every problem (file:line:col, rule); exit 1 if any."""
+    from nexuskv.policy.loader import Policies
+
+    problems = Policies.check(directory, _functions())
+    for p in problems:
+        click.echo(str(p), err=True)
+    if problems:
+        click.echo(f"{len(problems)} problem(s)", err=True)
+        sys.exit(1)
+    policies = Policies.load(directory, _functions())
+    click.echo(f"{len(policies.sets)} policies OK ({', '.join(policies.tenants())}), revision {policies.revision}")
+
+
+@policy_grp.command("test")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--tests", "tests_path", type=click.Path(), default=None,
+              help="A test file or folder (default: DIRECTORY/tests).")  # fmt: skip
+@click.option("-v", "--verbose", is_flag=True, help="List passing cases too.")
+def policy_test(directory: str, tests_path: str | None, verbose: bool) -> None:
+    """Run policy unit tests (TOML `[[case]]`s with inputs and expected verdicts); exit 1 on any failure."""
+    from nexuskv.policy.loader import Policies, PolicyError
+    from nexuskv.policy.testing import run_tests
+
+    try:
+        policies = Policies.load(directory, _functions())
+    except PolicyError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(1)
+    where = Path(tests_path) if tests_path else Path(directory) / "tests"
+    paths = sorted(where.glob("*.toml")) if where.is_dir() else [where]
+    results = run_tests(policies, paths)
+    for r in results:
+        if not r.passed:
+            click.echo(f"FAIL {r.file}: {r.name}")
+            for f in r.failures:
+                click.echo(f"     {f}")
+        elif verbose:
+            click.echo(f"ok   {r.file}: {r.name}")
+    passed = sum(r.passed for r in results)
+    click.echo(f"policy tests: {passed} passed, {len(results) - passed} failed")
+    if passed != len(results) or not results:
+        sys.exit(1)
+
+
 @cli.command("keys")
 @click.option("--request", "request_file", required=True, type=click.Path(dir_okay=False), help="Request JSON.")
 @click.option("--page-size", default=16, show_default=True)

@@ -1,0 +1,211 @@
+"""Load a policy directory: TOML files validated against the schema, `extends` resolved, every CEL checked.
+
+`Policies.load(dir)` reads `default.toml` and `tenants/*.toml`, and raises one `PolicyError` listing every
+problem (file, rule, line and column) at once; nothing half-loaded is ever used. `Policies.for_tenant(name)`
+returns the compiled `PolicySet` of a tenant (the default one for tenants without a file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from attrs import define, field
+
+from nexuskv import _schema
+from nexuskv.errors import ContractError, NexusKVError
+from nexuskv.policy.model import PolicyFile
+from nexuskv.policy.policyset import PolicySet, RuleSource, compile_policy
+
+__all__ = ["Policies", "PolicyError", "PolicyProblem", "parse_policy_file"]
+
+DEFAULT = "default"
+NO_PARENT = "none"
+
+
+@define(frozen=True)
+class PolicyProblem:
+    """One problem in one policy file, as precisely located as the input allows."""
+
+    file: str
+    message: str
+    rule: str = ""
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}" + (f":{self.column}" if self.column is not None else "")
+        return f"{where}: {f'rule {self.rule}: ' if self.rule else ''}{self.message}"
+
+
+class PolicyError(NexusKVError):
+    """Policies failed to load; `problems` lists every one found."""
+
+    def __init__(self, problems: Iterable[PolicyProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+def _line_of_key(text: str, path: str) -> tuple[int | None, int | None]:
+    """Best-effort line of a schema path like `admit[2].effct` in TOML text."""
+    m = re.match(r"^(admit|reuse|place|share)\[(\d+)\](?:\.(\w+))?", path)
+    lines = text.splitlines()
+    if m:
+        kind, idx, key = m.group(1), int(m.group(2)), m.group(3)
+        headers = [i for i, ln in enumerate(lines) if re.match(rf"^\s*\[\[\s*{kind}\s*\]\]", ln)]
+        if idx < len(headers):
+            start = headers[idx]
+            end = next((i for i in range(start + 1, len(lines)) if re.match(r"^\s*\[", lines[i])), len(lines))
+            if key:
+                for i in range(start + 1, end):
+                    if re.match(rf"^\s*{re.escape(key)}\s*=", lines[i]):
+                        return i + 1, lines[i].index(key) + 1
+            return start + 1, 1
+    key = path.split(".")[-1].split("[")[0]
+    for i, ln in enumerate(lines):
+        if re.match(rf"^\s*{re.escape(key)}\s*=", ln):
+            return i + 1, ln.index(key) + 1
+    return None, None
+
+
+def parse_policy_file(path: Path) -> tuple[PolicyFile | None, list[PolicyProblem], str]:
+    """Read and validate one file; return (model or None, problems, text)."""
+    name = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        return None, [PolicyProblem(name, f"cannot read: {exc.strerror}")], ""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+        return None, [PolicyProblem(name, f"TOML syntax error: {msg}", line=line, column=col)], text
+    try:
+        model = _schema.structure(PolicyFile, data)
+    except ContractError as exc:
+        problems = []
+        for p, msg in exc.problems:
+            line, col = _line_of_key(text, p)
+            rule = _rule_at(data, p)
+            problems.append(PolicyProblem(name, f"{p}: {msg}", rule=rule, line=line, column=col))
+        return None, problems, text
+    if not model.name:
+        model = attrs.evolve(model, name=path.stem)
+    return model, [], text
+
+
+def _rule_at(data: Mapping[str, Any], path: str) -> str:
+    m = re.match(r"^(admit|reuse|place|share)\[(\d+)\]", path)
+    if not m:
+        return ""
+    rules = data.get(m.group(1))
+    try:
+        rule = rules[int(m.group(2))]  # type: ignore[index]
+        return str(rule.get("name", "")) if isinstance(rule, dict) else ""
+    except (IndexError, TypeError, KeyError):
+        return ""
+
+
+@define
+class _Loaded:
+    model: PolicyFile
+    path: Path
+    text: str
+    revision: str
+
+
+@define
+class Policies:
+    """Every policy of a directory, compiled: the default and one `PolicySet` per tenant file."""
+
+    root: Path
+    sets: dict[str, PolicySet] = field(factory=dict)
+    revision: str = ""
+
+    @classmethod
+    def load(cls, root: str | Path, functions: Mapping[str, Any] | None = None) -> Policies:
+        """Load and compile `root`; raise `PolicyError` with every problem found."""
+        policies, problems = cls._load(Path(root), functions or {})
+        if problems:
+            raise PolicyError(problems)
+        return policies
+
+    @classmethod
+    def check(cls, root: str | Path, functions: Mapping[str, Any] | None = None) -> list[PolicyProblem]:
+        """Every problem of a policy directory (empty when it loads cleanly)."""
+        return cls._load(Path(root), functions or {})[1]
+
+    @classmethod
+    def _load(cls, root: Path, functions: Mapping[str, Any]) -> tuple[Policies, list[PolicyProblem]]:
+        problems: list[PolicyProblem] = []
+        if not root.is_dir():
+            return cls(root), [PolicyProblem(str(root), "no such policy directory")]
+        files = sorted(root.glob("*.toml")) + sorted((root / "tenants").glob("*.toml"))
+        if not files:
+            problems.append(PolicyProblem(str(root), "no policy files (expected default.toml, tenants/*.toml)"))
+        loaded: dict[str, _Loaded] = {}
+        for path in files:
+            model, probs, text = parse_policy_file(path)
+            problems.extend(probs)
+            if model is None:
+                continue
+            if model.name in loaded:
+                problems.append(PolicyProblem(str(path), f"policy {model.name!r} is also defined in "
+                                                         f"{loaded[model.name].path}"))  # fmt: skip
+                continue
+            rev = hashlib.sha256(text.encode()).hexdigest()[:16]
+            loaded[model.name] = _Loaded(model, path, text, rev)
+        sets: dict[str, PolicySet] = {}
+        for name in loaded:
+            chain, err = _chain(name, loaded)
+            if err is not None:
+                problems.append(err)
+                continue
+            sources = [RuleSource(loaded[n].model, str(loaded[n].path), loaded[n].text, loaded[n].revision)
+                       for n in chain]  # fmt: skip
+            ps, probs = compile_policy(sources, functions)
+            problems.extend(PolicyProblem(**p) for p in probs)
+            if ps is not None:
+                sets[name] = ps
+        # A problem in a parent shows once per child: report each exactly once.
+        unique = list(dict.fromkeys(problems))
+        revision = hashlib.sha256("".join(sorted(f"{n}:{ld.revision}" for n, ld in loaded.items())).encode())
+        return cls(root, sets, revision.hexdigest()[:16]), unique
+
+    def for_tenant(self, tenant: str) -> PolicySet:
+        """The tenant's policy set, or the default one when the tenant has no file."""
+        got = self.sets.get(tenant) or self.sets.get(DEFAULT)
+        if got is None:
+            raise PolicyError([PolicyProblem(str(self.root), f"no policy for tenant {tenant!r} and no default")])
+        return got
+
+    def tenants(self) -> list[str]:
+        """Names of the loaded policies."""
+        return sorted(self.sets)
+
+
+def _chain(name: str, loaded: Mapping[str, _Loaded]) -> tuple[list[str], PolicyProblem | None]:
+    """[name, parent, grandparent, ...]; a cycle or a missing parent is a problem of the file that names it."""
+    chain = [name]
+    while True:
+        cur = loaded[chain[-1]]
+        parent = cur.model.extends or (DEFAULT if cur.model.name != DEFAULT else "")
+        if parent in ("", NO_PARENT) or (parent == DEFAULT and DEFAULT not in loaded and not cur.model.extends):
+            return chain, None
+        line, col = _line_of_key(cur.text, "extends")
+        if parent not in loaded:
+            return chain, PolicyProblem(str(cur.path), f"extends {parent!r}: no such policy "
+                                        f"(have: {', '.join(sorted(loaded))})", line=line, column=col)  # fmt: skip
+        if parent in chain:
+            cycle = " -> ".join([*chain[chain.index(parent):], parent])
+            return chain, PolicyProblem(str(cur.path), f"extends {parent!r}: cycle {cycle}", line=line, column=col)
+        chain.append(parent)

@@ -1,0 +1,478 @@
+"""A tenant's compiled policy: rules of its file and its parents, type-checked, evaluated into a `Verdict`.
+
+Each rule kind sees its own variables (`state`, `request`, `match`, `tier`, `node`, `cost`, `now`, and the
+policy's named `variables`, evaluated lazily and at most once per evaluation). Evaluation errors follow the
+rule's `failure` setting; the safe default turns an error into an enforced deny (no store, no reuse).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from attrs import define
+
+from nexuskv.contracts import Predicted, Request, StateDescriptor
+from nexuskv.logs import get_logger
+from nexuskv.policy.cel import CelError, CelEvalError, Compiled, compile_expr
+from nexuskv.policy.model import (
+    Candidate,
+    Effect,
+    Failure,
+    PlaceEffect,
+    PolicyFile,
+    ShareEffect,
+)
+from nexuskv.policy.types import (
+    BOOL,
+    DOUBLE,
+    DURATION,
+    INT,
+    STRING,
+    TIMESTAMP,
+    CelType,
+    Env,
+    FunctionDecl,
+    message_type,
+    record_type,
+)
+from nexuskv.policy.verdict import Placement, Verdict
+
+__all__ = ["KINDS", "PolicySet", "RuleSource", "compile_policy", "kind_env"]
+
+log = get_logger(__name__)
+
+KINDS = ("admit", "reuse", "place", "share")
+DEFAULT_COST_LIMIT = 10_000
+
+_COMMON: dict[str, CelType] = {"request": message_type(Request), "node": STRING, "now": TIMESTAMP}
+_PER_KIND: dict[str, dict[str, CelType]] = {
+    "admit": {"state": message_type(StateDescriptor)},
+    "place": {"state": message_type(StateDescriptor)},
+    "reuse": {"match": message_type(Candidate), "tier": STRING, "cost": message_type(Predicted)},
+    "share": {"match": message_type(Candidate)},
+}
+_VAR_REF = re.compile(r"\bvariables\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def kind_env(kind: str, functions: Mapping[str, FunctionDecl] | None = None) -> Env:
+    """The declarations a rule of `kind` is checked against (without the policy's own variables)."""
+    return Env({**_COMMON, **_PER_KIND[kind]}, functions or {})
+
+
+@define(frozen=True)
+class RuleSource:
+    """One file of an `extends` chain, as read."""
+
+    model: PolicyFile
+    path: str
+    text: str
+    revision: str
+
+
+class _LazyVariables:
+    """The `variables` value of one evaluation: each variable computed on first use, at most once."""
+
+    __slots__ = ("_act", "_fns", "_vals")
+
+    def __init__(self, fns: Mapping[str, Compiled], act: dict[str, Any]) -> None:
+        self._fns = fns
+        self._act = act
+        self._vals: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        vals = self._vals
+        if name in vals:
+            got = vals[name]
+        else:
+            fn = self._fns.get(name)
+            if fn is None:
+                raise AttributeError(name)
+            try:
+                got = fn(self._act)
+            except CelEvalError as exc:
+                got = exc
+            vals[name] = got
+        if isinstance(got, CelEvalError):
+            raise CelEvalError(f"variable {name!r}: {got}")
+        return got
+
+
+@define(frozen=True)
+class _Rule:
+    name: str
+    kind: str
+    file: str
+    match: tuple[Compiled, ...]
+    when: Compiled
+    effect: str
+    failure: Failure
+    message: str
+    message_fn: Compiled | None = None
+    max_tokens: Compiled | None = None
+    tier: str | None = None
+    tier_fn: Compiled | None = None
+    ttl_s: float | None = None
+    ttl_fn: Compiled | None = None
+    priority: float | None = None
+    priority_fn: Compiled | None = None
+    scope: str = ""
+    tenants: tuple[str, ...] = ()
+
+
+class PolicySet:
+    """The compiled rules of one policy (a tenant's file plus everything it extends)."""
+
+    def __init__(
+        self,
+        name: str,
+        revision: str,
+        rules: Mapping[str, Sequence[_Rule]],
+        variables: Mapping[str, Mapping[str, Compiled]],
+        settings: Mapping[str, Any],
+        files: Sequence[str],
+    ) -> None:
+        self.name = name
+        self.revision = revision
+        self.rules = {k: tuple(v) for k, v in rules.items()}
+        self.variables = variables
+        self.failure: Failure = settings["failure"]
+        self.min_gain_ms: float = settings["min_gain_ms"]
+        self.default_tier: str = settings["default_tier"]
+        self.files = tuple(files)
+        self._uses_now = {k: any(_uses(r, "now") for r in v) or any("now" in f.source for f in variables[k].values())
+                          for k, v in self.rules.items()}  # fmt: skip
+
+    def rule_names(self, kind: str) -> list[str]:
+        """Names of the rules of one kind, in evaluation order."""
+        return [r.name for r in self.rules[kind]]
+
+    def activation(self, kind: str, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The full activation of an evaluation: defaults for `node` / `now`, and lazy `variables`."""
+        act = dict(values)
+        if "node" not in act:
+            act["node"] = ""
+        if "now" not in act and self._uses_now[kind]:
+            act["now"] = _dt.datetime.now(_dt.UTC)
+        fns = self.variables[kind]
+        if fns:
+            act["variables"] = _LazyVariables(fns, act)
+        return act
+
+    def evaluate(self, kind: str, values: Mapping[str, Any]) -> Verdict:
+        """Evaluate every rule of `kind` against `values` and return the verdict (never raises on rule errors)."""
+        if kind not in self.rules:
+            raise ValueError(f"unknown rule kind {kind!r} (one of {', '.join(KINDS)})")
+        act = self.activation(kind, values)
+        if kind == "place":
+            return self._place(act)
+        deny = kind in ("admit", "reuse")
+        allowed = deny  # admit/reuse: allowed unless denied; share: denied unless granted
+        cap: int | None = None
+        deciding: list[str] = []
+        fired: list[str] = []
+        messages: list[str] = []
+        warnings: list[str] = []
+        audits: list[str] = []
+        errors: list[str] = []
+        for rule in self.rules[kind]:
+            try:
+                hit = _fires(rule, act)
+                limit = int(rule.max_tokens(act)) if hit and rule.max_tokens is not None else None
+            except CelEvalError as exc:
+                errors.append(f"{rule.name}: {exc}")
+                log.warning("policy rule failed", policy=self.name, rule=rule.name, kind=kind, error=str(exc),
+                            failure=rule.failure.value)  # fmt: skip
+                if rule.failure is Failure.DENY and deny:
+                    allowed, cap = False, 0
+                    deciding.append(rule.name)
+                    messages.append(f"{rule.name}: evaluation failed ({exc}); failing safe")
+                continue
+            if not hit:
+                continue
+            fired.append(rule.name)
+            msg = _message(rule, act)
+            if rule.effect == Effect.AUDIT or rule.effect == ShareEffect.AUDIT:
+                audits.append(f"{rule.name}: {msg}" if msg else rule.name)
+            elif rule.effect == Effect.WARN:
+                warnings.append(f"{rule.name}: {msg}" if msg else rule.name)
+            elif rule.effect == ShareEffect.ALLOW:
+                allowed = True
+                deciding.append(rule.name)
+            else:  # enforced deny
+                deciding.append(rule.name)
+                if msg:
+                    messages.append(msg)
+                if limit is None:
+                    allowed, cap = False, 0
+                else:
+                    cap = max(0, limit) if cap is None else min(cap, max(0, limit))
+                    if cap == 0:
+                        allowed = False
+        return Verdict(kind=kind, policy=self.name, revision=self.revision, allowed=allowed, max_tokens=cap,
+                       deciding=deciding, fired=fired, messages=messages, warnings=warnings, audits=audits,
+                       errors=errors)  # fmt: skip
+
+    def _place(self, act: dict[str, Any]) -> Verdict:
+        fired: list[str] = []
+        audits: list[str] = []
+        errors: list[str] = []
+        for rule in self.rules["place"]:
+            try:
+                if not _fires(rule, act):
+                    continue
+                tier = rule.tier_fn(act) if rule.tier_fn is not None else rule.tier
+                ttl = rule.ttl_fn(act).total_seconds() if rule.ttl_fn is not None else rule.ttl_s
+                prio = float(rule.priority_fn(act)) if rule.priority_fn is not None else rule.priority
+            except CelEvalError as exc:
+                errors.append(f"{rule.name}: {exc}")
+                log.warning("policy rule failed", policy=self.name, rule=rule.name, kind="place", error=str(exc))
+                continue  # a broken place rule never decides: the next rule or the default applies
+            fired.append(rule.name)
+            if rule.effect == PlaceEffect.AUDIT:
+                audits.append(f"{rule.name}: would place in {tier} (ttl {ttl}, priority {prio})")
+                continue
+            where = Placement(tier=tier or self.default_tier or None, ttl_s=ttl, priority=prio)
+            return Verdict(kind="place", policy=self.name, revision=self.revision, deciding=[rule.name],
+                           fired=fired, audits=audits, errors=errors, placement=where)  # fmt: skip
+        return Verdict(kind="place", policy=self.name, revision=self.revision, fired=fired, audits=audits,
+                       errors=errors, placement=Placement(tier=self.default_tier or None))  # fmt: skip
+
+    def grants(self, reader: str) -> list[tuple[str, str]]:
+        """`(rule, scope)` of share rules that name `reader` (or `*`); `evaluate("share", ...)` decides."""
+        return [(r.name, r.scope) for r in self.rules["share"] if reader in r.tenants or "*" in r.tenants]
+
+
+def _fires(rule: _Rule, act: dict[str, Any]) -> bool:
+    for m in rule.match:
+        if not m(act):
+            return False
+    return bool(rule.when(act))
+
+
+def _message(rule: _Rule, act: dict[str, Any]) -> str:
+    if rule.message_fn is not None:
+        try:
+            return str(rule.message_fn(act))
+        except CelEvalError as exc:
+            return f"{rule.message} (message_expr failed: {exc})".strip()
+    return rule.message
+
+
+def _uses(rule: _Rule, name: str) -> bool:
+    fns = [*rule.match, rule.when, rule.message_fn, rule.max_tokens, rule.tier_fn, rule.ttl_fn, rule.priority_fn]
+    return any(f is not None and re.search(rf"\b{name}\b", f.source) for f in fns)
+
+
+# ------------------------------------------------------------------------------------------------ compiling
+
+
+def _locate(text: str, rule: str, expr: str, line: int | None, col: int | None) -> tuple[int | None, int | None]:
+    """File line and column of position (line, col) inside `expr`, found after the rule's `name = ...` line."""
+    start = 0
+    if rule:
+        m = re.search(rf"""^\s*name\s*=\s*["']{re.escape(rule)}["']""", text, re.M)
+        if m:
+            start = m.start()
+    first = expr.splitlines()[0] if expr else ""
+    pos = text.find(first, start) if first else -1
+    if pos < 0:
+        pos = text.find(first) if first else -1
+    if pos < 0:
+        return (text.count("\n", 0, start) + 1 if rule else None), None
+    base_line = text.count("\n", 0, pos) + 1
+    base_col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    line = line or 1
+    if line == 1:
+        return base_line, base_col + (col or 1) - 1
+    return base_line + line - 1, col
+
+
+def _duration_text(text: str) -> float:
+    from nexuskv.policy._celrt import duration
+
+    return duration(text).total_seconds()
+
+
+def compile_policy(
+    chain: Sequence[RuleSource], functions: Mapping[str, FunctionDecl] | None = None
+) -> tuple[PolicySet | None, list[dict[str, Any]]]:
+    """Compile an `extends` chain (child first) into a `PolicySet`; return it (None on problems) and problems."""
+    problems: list[dict[str, Any]] = []
+    child = chain[0]
+
+    def setting(name: str, default: Any) -> Any:
+        for src in chain:
+            value = getattr(src.model, name)
+            if value not in (None, ""):
+                return value
+        return default
+
+    failure = child.model.failure
+    cost_limit = setting("max_cost", DEFAULT_COST_LIMIT)
+    settings = {"failure": failure, "min_gain_ms": setting("min_gain_ms", 0.0),
+                "default_tier": setting("default_tier", "")}  # fmt: skip
+
+    # Variables: ancestors first; a child's variable of the same name replaces the parent's.
+    var_src: dict[str, tuple[str, RuleSource]] = {}
+    for src in reversed(chain):
+        for vname, expr in src.model.variables.items():
+            var_src.pop(vname, None)
+            var_src[vname] = (expr, src)
+
+    def problem(src: RuleSource, rule: str, exc: CelError | str, expr: str = "", what: str = "") -> None:
+        if isinstance(exc, CelError):
+            line, col = _locate(src.text, rule, expr, exc.line, exc.column)
+            msg = f"{what}: {exc.message}" if what else exc.message
+        else:
+            line, col = _locate(src.text, rule, expr, None, None)
+            msg = f"{what}: {exc}" if what else exc
+        problems.append({"file": src.path, "rule": rule, "message": msg, "line": line, "column": col})
+
+    funcs = dict(functions or {})
+    compiled_vars: dict[str, dict[str, Compiled]] = {}
+    var_errors: dict[str, dict[str, tuple[CelError, str, RuleSource]]] = {}
+    for kind in KINDS:
+        fns: dict[str, Compiled] = {}
+        errs: dict[str, tuple[CelError, str, RuleSource]] = {}
+        for vname, (expr, src) in var_src.items():
+            env = kind_env(kind, funcs).extend({"variables": record_type("variables", {k: f.type for k, f in
+                                                                                          fns.items()})})  # fmt: skip
+            try:
+                fns[vname] = compile_expr(expr, env, cost_limit=cost_limit)
+            except CelError as exc:
+                errs[vname] = (exc, expr, src)
+        compiled_vars[kind] = fns
+        var_errors[kind] = errs
+    # A variable that compiles in no kind is wrong wherever it is; one that fails only in some kinds is an
+    # error only where a rule of such a kind uses it.
+    for vname, (expr, src) in var_src.items():
+        if all(vname in var_errors[k] for k in KINDS):
+            exc, _, _ = var_errors["admit"][vname]
+            problem(src, "", exc, expr, what=f"variable {vname!r}")
+
+    rules: dict[str, list[_Rule]] = {k: [] for k in KINDS}
+    for kind in KINDS:
+        seen: set[str] = set()
+        env = kind_env(kind, funcs).extend({"variables": record_type("variables", {k: f.type for k, f in
+                                                                                     compiled_vars[kind].items()})})
+        for src in chain:
+            names_here: set[str] = set()
+            for rule in getattr(src.model, kind):
+                if rule.name in names_here:
+                    problem(src, rule.name, f"duplicate {kind} rule name {rule.name!r}")
+                    continue
+                names_here.add(rule.name)
+                if rule.name in seen:
+                    continue  # overridden by a descendant
+                seen.add(rule.name)
+                built = _compile_rule(kind, rule, src, env, cost_limit, failure, var_errors[kind], problem)
+                if built is not None:
+                    rules[kind].append(built)
+    if problems:
+        return None, problems
+    revision = chain[0].revision if len(chain) == 1 else _combine([s.revision for s in chain])
+    return PolicySet(child.model.name, revision, rules, compiled_vars, settings, [s.path for s in chain]), []
+
+
+def _combine(revisions: Sequence[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256("/".join(revisions).encode()).hexdigest()[:16]
+
+
+def _compile_rule(
+    kind: str,
+    rule: Any,
+    src: RuleSource,
+    env: Env,
+    cost_limit: int,
+    failure: Failure,
+    var_errors: Mapping[str, tuple[CelError, str, RuleSource]],
+    problem: Callable[..., None],
+) -> _Rule | None:
+    ok = True
+
+    def comp(expr: str, what: str, expect: CelType | None) -> Compiled | None:
+        nonlocal ok
+        for ref in _VAR_REF.findall(expr):
+            if ref in var_errors:
+                exc, vexpr, vsrc = var_errors[ref]
+                problem(vsrc, rule.name, exc, vexpr, what=f"variable {ref!r} (used by {what}) in a {kind} rule")
+                ok = False
+                return None
+        try:
+            return compile_expr(expr, env, expect=expect, cost_limit=cost_limit)
+        except CelError as exc:
+            problem(src, rule.name, exc, expr, what=what)
+            ok = False
+            return None
+
+    match = tuple(comp(m, f"match[{i}]", BOOL) for i, m in enumerate(rule.match))
+    when = comp(rule.when, "when", BOOL)
+    extra: dict[str, Any] = {}
+    if getattr(rule, "message_expr", ""):
+        extra["message_fn"] = comp(rule.message_expr, "message_expr", STRING)
+    if kind == "reuse" and rule.max_tokens:
+        extra["max_tokens"] = comp(rule.max_tokens, "max_tokens", INT)
+    if kind == "place":
+        extra["tier"] = rule.tier or None
+        if rule.tier_expr:
+            extra["tier_fn"] = comp(rule.tier_expr, "tier_expr", STRING)
+        if rule.ttl:
+            try:
+                extra["ttl_s"] = _duration_text(rule.ttl)
+            except CelEvalError as exc:
+                problem(src, rule.name, f"ttl {rule.ttl!r}: {exc}", what="ttl")
+                ok = False
+        if rule.ttl_expr:
+            extra["ttl_fn"] = comp(rule.ttl_expr, "ttl_expr", DURATION)
+        extra["priority"] = rule.priority
+        if rule.priority_expr:
+            fn = comp(rule.priority_expr, "priority_expr", None)
+            if fn is not None and fn.type not in (INT, DOUBLE):
+                problem(src, rule.name, f"priority_expr must be int or double, not {fn.type}",
+                        rule.priority_expr, what="priority_expr")  # fmt: skip
+                ok = False
+            extra["priority_fn"] = fn
+        if not (rule.tier or rule.tier_expr or rule.ttl or rule.ttl_expr or rule.priority is not None
+                or rule.priority_expr):  # fmt: skip
+            problem(src, rule.name, "a place rule must set at least one of tier, ttl, priority (or their _expr)")
+            ok = False
+    if kind == "share":
+        extra["scope"] = rule.scope
+        extra["tenants"] = tuple(rule.tenants)
+    if not ok or when is None:
+        return None
+    return _Rule(name=rule.name, kind=kind, file=src.path, match=match, when=when,  # type: ignore[arg-type]
+                 effect=rule.effect.value, failure=rule.failure or failure,
+                 message=getattr(rule, "message", ""), **extra)  # fmt: skip
+
+
+_TYPE_NAMES: dict[str, CelType] = {"int": INT, "double": DOUBLE, "string": STRING, "bool": BOOL,
+                                   "duration": DURATION, "timestamp": TIMESTAMP}  # fmt: skip
+
+
+def plugin_functions(registrations: Mapping[str, Any]) -> tuple[dict[str, FunctionDecl], list[str]]:
+    """FunctionDecls from `nexuskv_register_cel_functions` registrations `(fn, arg_types, result_type)`.
+
+    Returns the declarations and a problem per registration that could not be used (bad type name, shape).
+    """
+    from nexuskv.policy import types as t
+
+    names = {**_TYPE_NAMES, "uint": t.UINT, "bytes": t.BYTES, "dyn": t.DYN,
+             "list": t.list_of(t.DYN), "map": t.map_of(STRING, t.DYN)}  # fmt: skip
+    out: dict[str, FunctionDecl] = {}
+    problems: list[str] = []
+    for name, reg in registrations.items():
+        try:
+            fn, args, result = reg
+            decl = FunctionDecl(name=name, args=tuple(names[a] for a in args), result=names[result], impl=fn)
+        except (KeyError, TypeError, ValueError) as exc:
+            problems.append(f"CEL function {name!r}: bad registration ({exc!r}); expected "
+                            f"register(name, fn, [arg type names], result type name)")  # fmt: skip
+            continue
+        out[name] = decl
+    return out, problems

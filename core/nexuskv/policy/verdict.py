@@ -1,0 +1,57 @@
+"""What a policy evaluation answers: the `Verdict`, with the deciding rules, messages, warnings and errors."""
+
+from __future__ import annotations
+
+from attrs import define, field
+
+__all__ = ["Placement", "Verdict"]
+
+
+def _tuple(value: object) -> tuple[str, ...]:
+    return tuple(value)  # type: ignore[arg-type]
+
+
+@define(frozen=True)
+class Placement:
+    """The outcome of `place` rules: tier, time to live and eviction priority (None = not decided)."""
+
+    tier: str | None = None
+    ttl_s: float | None = None
+    priority: float | None = None
+
+
+@define(frozen=True)
+class Verdict:
+    """The answer of one policy evaluation.
+
+    `allowed` is False when an enforced `deny` fired (admit, reuse) or when no `share` grant allowed access.
+    `max_tokens` caps reuse (None: no cap). `deciding` names the rules that determined the outcome; `fired` every
+    rule that fired, whatever its effect. `errors` lists `rule: message` for rules whose evaluation failed (each
+    handled by its `failure` setting, which is how it may appear in `deciding`).
+    """
+
+    kind: str
+    policy: str
+    revision: str
+    allowed: bool = True
+    max_tokens: int | None = None
+    deciding: tuple[str, ...] = field(default=(), converter=_tuple)
+    fired: tuple[str, ...] = field(default=(), converter=_tuple)
+    messages: tuple[str, ...] = field(default=(), converter=_tuple)
+    warnings: tuple[str, ...] = field(default=(), converter=_tuple)
+    audits: tuple[str, ...] = field(default=(), converter=_tuple)
+    errors: tuple[str, ...] = field(default=(), converter=_tuple)
+    placement: Placement | None = None
+
+    def to_log(self) -> dict[str, object]:
+        """A compact JSON-compatible record for decision logs (empty fields left out)."""
+        out: dict[str, object] = {"kind": self.kind, "policy": self.policy, "revision": self.revision,
+                                  "allowed": self.allowed}  # fmt: skip
+        for name in ("max_tokens", "deciding", "fired", "messages", "warnings", "audits", "errors"):
+            value = getattr(self, name)
+            if value:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        if self.placement is not None:
+            out["placement"] = {"tier": self.placement.tier, "ttl_s": self.placement.ttl_s,
+                                "priority": self.placement.priority}  # fmt: skip
+        return out
