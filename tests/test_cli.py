@@ -39,7 +39,7 @@ def test_plugins_json_and_problem_exit_code(run, tmp_path, monkeypatch):
 def test_schema_check_and_export(run, tmp_path):
     assert run("schema", "export", "--check").exit_code == 0
     res = run("schema", "export", "--dir", str(tmp_path))
-    assert res.exit_code == 0 and len(list(tmp_path.glob("*.v1.json"))) == 4
+    assert res.exit_code == 0 and len(list(tmp_path.glob("*.v1.json"))) == 5
     (tmp_path / "plan.v1.json").write_text("{}")
     res = run("schema", "export", "--dir", str(tmp_path), "--check")
     assert res.exit_code == 1 and "plan.v1.json" in res.output

@@ -666,15 +666,25 @@ def test_macros(source, expected):
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("state.tensors.map(t, t.name)", ["k"]),
         ("params.tags.all(t, t == 'a')", True),
-        ("request.layout.groups.exists(g, g.kind == 'dense')", True),
+        ("request.token_ids.exists(t, t == 2)", True),
     ],
 )
 def test_macros_over_unbounded_lists_need_a_higher_cost_limit(source, expected):
     with pytest.raises(CelCostError):
         compile_expr(source, ENV)
     assert compile_expr(source, ENV, cost_limit=10**8)(BASE) == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("state.tensors.map(t, t.name)", ["k"]),  # maxItems 1024 in the contract
+        ("request.layout.groups.exists(g, g.kind == 'dense')", True),  # maxItems 16
+    ],
+)
+def test_macros_over_bounded_contract_lists_fit_the_default_limit(source, expected):
+    assert compile_expr(source, ENV)(BASE) == expected
 
 
 def test_macro_errors():

@@ -66,6 +66,12 @@ def schema_grp() -> None:
     """Export, check and apply the versioned JSON Schemas of the contracts."""
 
 
+def _exported() -> dict[str, type]:
+    from nexuskv.policy.model import PolicyFile
+
+    return {**CONTRACTS, PolicyFile.CONTRACT: PolicyFile}
+
+
 @schema_grp.command("export")
 @click.option("--dir", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=SCHEMA_DIR,
               show_default=True, help="Where the *.v1.json files live.")  # fmt: skip
@@ -73,7 +79,7 @@ def schema_grp() -> None:
 def schema_export(out_dir: Path, check: bool) -> None:
     """Regenerate `schemas/*.v1.json` from the contract classes (or check they are current)."""
     stale = []
-    for name, cls in sorted(CONTRACTS.items()):
+    for name, cls in sorted(_exported().items()):
         text = json.dumps(_schema.schema_for(cls), indent=2) + "\n"
         version = _schema.schema_for(cls)["$id"].rsplit(".", 2)[-2]
         path = out_dir / f"{name}.{version}.json"
@@ -90,7 +96,7 @@ def schema_export(out_dir: Path, check: bool) -> None:
             click.echo(f"stale: {p}", err=True)
         sys.exit(1)
     if check:
-        click.echo(f"{len(CONTRACTS)} schemas are current")
+        click.echo(f"{len(_exported())} schemas are current")
 
 
 @schema_grp.command("validate")
@@ -166,6 +172,39 @@ def policy_test(directory: str, tests_path: str | None, verbose: bool) -> None:
     click.echo(f"policy tests: {passed} passed, {len(results) - passed} failed")
     if passed != len(results) or not results:
         sys.exit(1)
+
+
+@policy_grp.command("explain")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--input", "input_file", required=True, type=click.Path(dir_okay=False),
+              help="JSON: {kind?, state?, request?, match?, cost?, tier?, node?, now?} (partial, like policy tests).")
+@click.option("--kind", type=click.Choice(["admit", "reuse", "place", "share"]), default=None,
+              help="Rule kind (default: the input's `kind`).")  # fmt: skip
+def policy_explain(file: Path, input_file: str, kind: str | None) -> None:
+    """Which rules of FILE's policy fire for an input, and every sub-expression's value."""
+    from nexuskv.policy.explain import explain, render
+    from nexuskv.policy.loader import Policies, PolicyError, parse_policy_file
+    from nexuskv.policy.testing import build_activation
+
+    root = file.parent.parent if file.parent.name == "tenants" else file.parent
+    model, problems, _ = parse_policy_file(file)
+    if model is None:
+        raise click.ClickException("\n".join(str(p) for p in problems))
+    data = _read_json(input_file)
+    if not isinstance(data, dict):
+        raise click.ClickException(f"{input_file}: expected a JSON object")
+    kind = kind or data.pop("kind", None)
+    data.pop("kind", None)
+    if kind is None:
+        raise click.ClickException("no rule kind: pass --kind or put \"kind\" in the input")
+    functions = _functions()
+    try:
+        ps = Policies.load(root, functions).for_tenant(model.name)
+        act = build_activation(data)
+    except (PolicyError, ContractError) as exc:
+        raise click.ClickException(str(exc)) from None
+    traces, verdict = explain(ps, kind, act, functions)
+    click.echo(render(ps, kind, traces, verdict))
 
 
 @cli.command("keys")

@@ -147,7 +147,7 @@ class Layout:
     """Shape of the model state: its groups, the page size and the tensor-parallel placement."""
 
     groups: tuple[StateGroup, ...] = field(
-        converter=_tuple, metadata=_doc("State groups; a hybrid model has more than one.", minItems=1)
+        converter=_tuple, metadata=_doc("State groups; a hybrid model has more than one.", minItems=1, maxItems=16)
     )
     page_size: int = field(default=16, metadata=_doc("Tokens per block (page).", minimum=1))
     tp_rank: int = field(default=0, metadata=_doc("Tensor-parallel rank of this shard.", minimum=0))
@@ -178,7 +178,9 @@ class TensorSpec:
 
     name: str = field(metadata=_doc("Tensor name, e.g. `layer3.k`."))
     dtype: str = field(metadata=_doc("Element dtype, e.g. `float32`."))
-    shape: tuple[int, ...] = field(converter=_tuple, metadata=_doc("Tensor shape.", items={"minimum": 0}))
+    shape: tuple[int, ...] = field(
+        converter=_tuple, metadata=_doc("Tensor shape.", items={"minimum": 0}, maxItems=8)
+    )
 
 
 @define(frozen=True)
@@ -223,7 +225,7 @@ class StateDescriptor:
     codec: str = field(default="raw", metadata=_doc("Codec of the stored payload, e.g. `raw`, `zstd`.", **_NAME))
     raw_nbytes: int = field(default=0, metadata=_doc("Payload size before the codec (0: same as nbytes).", minimum=0))
     tensors: tuple[TensorSpec, ...] = field(
-        factory=tuple, converter=_tuple, metadata=_doc("Raw tensors in the payload.")
+        factory=tuple, converter=_tuple, metadata=_doc("Raw tensors in the payload.", maxItems=1024)
     )
     usage: Usage = field(factory=Usage, metadata=_doc("Usage statistics."))
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_doc("Contract version.", const=SCHEMA_VERSION))
@@ -264,7 +266,9 @@ class Request:
     )
     scope: str = field(default="", metadata=_doc("Sharing scope inside the tenant; empty means the tenant."))
     cache_salt: str = field(default="", metadata=_doc("Opaque salt; different salts never share state."))
-    extra_inputs: tuple[ExtraInput, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Non-token inputs."))
+    extra_inputs: tuple[ExtraInput, ...] = field(
+        factory=tuple, converter=_tuple, metadata=_doc("Non-token inputs.", maxItems=1024)
+    )
     node: str = field(default="", metadata=_doc("Node the request is (or would be) scheduled on."))
     slo: Slo = field(factory=Slo, metadata=_doc("Service-level objective."))
     priority: int = field(default=0, metadata=_doc("Scheduling priority; higher is more important."))

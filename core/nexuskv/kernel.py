@@ -1,13 +1,21 @@
-"""The kernel facade a scheduler embeds: config, plugins, identity, index, tiers and control plane wired once.
+"""The kernel facade a scheduler embeds: config, plugins, identity, index, tiers, policies, cost and control plane.
 
-`Kernel.from_config(path)` builds one from a TOML file; `keys` / `match` answer what a request could reuse;
-`put` stores a payload and indexes it; `load` reads one back, verifying its checksum and quarantining it on a
-mismatch. The index stays exact across evictions (every tier reports them).
+`Kernel.from_config(path)` builds one from a TOML file. On the hot path, `plan(request)` returns a `Plan` within
+the deadline whatever the plugins do; after prefill, `commit(request, payloads)` hands state to the bounded
+writer (admit and place rules, tier put, index insert). `materialize(plan)` loads planned state with checksums
+and timeouts, `report_load_result` feeds the circuit breakers and quarantines bad entries. The index stays exact
+across evictions (every tier reports them).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
 import os
+import threading
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,16 +25,24 @@ import attrs
 import cattrs
 from attrs import define, field
 
-from nexuskv.contracts import Placement, Request, StateDescriptor, TokenSpan, Usage
+from nexuskv.contracts import Placement, Plan, PlanAction, Request, StateDescriptor, TokenSpan, Usage, to_dict
+from nexuskv.cost import CostModel, load_profile
 from nexuskv.errors import ChecksumError, ConfigError
+from nexuskv.health import Health
 from nexuskv.identity import BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
 from nexuskv.index import Location, Match, Matcher
 from nexuskv.interfaces import ControlPlane, StoredState, TierStore, Transport, slot_of
+from nexuskv.kinds import group_masks
 from nexuskv.logs import configure_logging, get_logger
+from nexuskv.planner import Planner, decide, to_plan
 from nexuskv.plugins import PluginManager
+from nexuskv.policy.loader import Policies
+from nexuskv.policy.policyset import plugin_functions
+from nexuskv.prefetch import Prefetcher
 from nexuskv.units import parse_bytes
+from nexuskv.writer import WriteItem, Writer
 
-__all__ = ["Kernel", "KernelConfig"]
+__all__ = ["CommitResult", "Kernel", "KernelConfig", "LoadReport", "Materialized"]
 
 log = get_logger(__name__)
 
@@ -48,6 +64,20 @@ class KernelConfig:
     control_plane: dict[str, Any] = field(factory=dict)
     tiers: dict[str, dict[str, Any]] = field(factory=_default_tiers)
     transports: tuple[str, ...] = ("local",)
+    policies: str | None = None
+    profile: str | None = None
+    deadline_ms: float = 1.0
+    load_timeout_ms: float = 200.0
+    writer_max_bytes: int = 256 << 20
+    writer_max_items: int = 4096
+    prefetch_max_bytes: int = 512 << 20
+    prefetch_max_tasks: int = 64
+    prefetch_tenant_share: float = 0.5
+    prefetch_deadline_s: float = 5.0
+    breaker_threshold: int = 3
+    breaker_cooldown_s: float = 5.0
+    session_cache: int = 1024
+    bandwidth_scale: dict[str, float] = field(factory=dict)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], origin: str = "<config>") -> KernelConfig:
@@ -69,7 +99,54 @@ class KernelConfig:
             raise ConfigError(f"{p}: no such config file") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: {exc}") from None
-        return cls.from_mapping(data, origin=str(p))
+        cfg = cls.from_mapping(data, origin=str(p))
+        # Relative paths in a config file are relative to the file.
+        for key in ("policies", "profile", "secret_file"):
+            value = getattr(cfg, key)
+            if value and not Path(value).is_absolute():
+                cfg = attrs.evolve(cfg, **{key: str(p.parent / value)})
+        return cfg
+
+
+@define(frozen=True)
+class CommitResult:
+    """What `commit` accepted into the writer queue; the rest was refused by backpressure (never blocks)."""
+
+    accepted: int
+    refused: int
+
+    @property
+    def backpressure(self) -> bool:
+        """True when the writer's bounds refused part of the commit."""
+        return self.refused > 0
+
+
+@define(frozen=True)
+class Materialized:
+    """State loaded for a plan: payloads of blocks [0, blocks) by (block, group); recompute from `tokens` on."""
+
+    plan: Plan
+    blocks: int
+    tokens: int
+    states: dict[tuple[int, int], StoredState]
+    reason: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """True when everything the plan asked for was loaded and verified."""
+        return self.tokens == self.plan.tokens_reused
+
+
+@define(frozen=True)
+class LoadReport:
+    """What a connector reports after restoring a plan: success, or where and why it failed."""
+
+    ok: bool
+    failed_block: int | None = None
+    tier: str = ""
+    reason: str = ""
+    corrupt: bool = False
+    timeout: bool = False
 
 
 class Kernel:
@@ -91,11 +168,46 @@ class Kernel:
         )
         self.index: Matcher = self.plugins.matcher(self.config.matcher)
         self.control: ControlPlane = self.plugins.control_plane(self.config.control_plane)
-        self.lease = self.control.grant(self.config.lease_ttl_s)
-        self.epoch = self.control.join(self.node, self.lease.lease_id)
+        self.epoch = 0
+        self.lease = None
+        self._control_error = ""
+        self._control_seen = time.monotonic()
+        try:
+            self.lease = self.control.grant(self.config.lease_ttl_s)
+            self.epoch = self.control.join(self.node, self.lease.lease_id)
+        except Exception as exc:  # fail open: plans recompute until the control plane answers
+            self._control_error = f"{type(exc).__name__}: {exc}"
+            log.error("control plane unavailable at start", error=self._control_error)
         self.tiers: dict[str, TierStore] = self._build_tiers()
         self.transports: dict[str, Transport] = self._build_transports()
-        log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tiers),
+        self.cost = CostModel(load_profile(self.config.profile) if self.config.profile else None)
+        self.health = Health(self.config.breaker_threshold, self.config.breaker_cooldown_s)
+        self.policies: Policies | None = None
+        if self.config.policies:
+            decls, problems = plugin_functions(self.plugins.cel_functions())
+            for problem in problems:
+                log.error("plugin CEL function unusable", problem=problem)
+            self.policies = Policies.load(self.config.policies, decls)
+        known = [t for t in self.tiers if t in self.cost.profile.tiers]
+        for t in self.tiers:
+            if t not in self.cost.profile.tiers:
+                log.warning("tier has no cost in the profile; plans will not read from it", tier=t)
+        known.sort(key=lambda t: (-self.cost.profile.tiers[t].bandwidth_bytes_per_s, t))
+        self.tier_order = tuple(known)
+        self.planner = Planner(self.cost, self.health, self.tier_order, transport=self.config.transports[0])
+        self.writer = Writer(self._write, self.config.writer_max_bytes, self.config.writer_max_items)
+        self.prefetcher = Prefetcher(self._move, max_bytes=self.config.prefetch_max_bytes,
+                                     max_tasks=self.config.prefetch_max_tasks,
+                                     tenant_share=self.config.prefetch_tenant_share)  # fmt: skip
+        self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="nexuskv-load")
+        self._sessions: collections.OrderedDict[str, tuple[KeyChain, tuple[int, ...]]] = collections.OrderedDict()
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="nexuskv-heartbeat", daemon=True)
+        self._heartbeat.start()
+        self.bandwidth_scale: dict[str, float] = dict(self.config.bandwidth_scale)
+        self.decisions = 0
+        log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
+                 policies=self.policies.tenants() if self.policies else [],
                  plugin_problems=len(self.plugins.problems))  # fmt: skip
 
     @classmethod
@@ -141,7 +253,10 @@ class Kernel:
     # ------------------------------------------------------------------------------------------ read path
 
     def keys(self, request: Request) -> list[bytes]:
-        """Block keys of every full block of the request."""
+        """Block keys of every full block of the request (its layout's page size must be the kernel's)."""
+        if request.layout.page_size != self.keyer.page_size:
+            raise ConfigError(f"request {request.request_id}: layout page_size {request.layout.page_size} "
+                              f"is not the kernel's page_size {self.keyer.page_size}")  # fmt: skip
         return self.keyer.request_keys(request)
 
     def session(self, request: Request) -> KeyChain:
@@ -255,14 +370,313 @@ class Kernel:
         h = self.index.get(key)
         return () if h is None else h.locations
 
+    # ------------------------------------------------------------------------------------------ control plane
+
+    def _beat(self) -> None:
+        """Keep the lease alive off the hot path; plans only read the outcome."""
+        every = max(0.05, self.config.lease_ttl_s / 3)
+        while not self._stop.wait(every):
+            try:
+                if self.lease is None:
+                    self.lease = self.control.grant(self.config.lease_ttl_s)
+                    self.epoch = self.control.join(self.node, self.lease.lease_id)
+                elif not self.control.keepalive(self.lease.lease_id):
+                    self.lease = self.control.grant(self.config.lease_ttl_s)
+                    self.epoch = self.control.join(self.node, self.lease.lease_id)  # a new fencing token
+                self._control_seen = time.monotonic()
+                self._control_error = ""
+            except Exception as exc:
+                self._control_error = f"{type(exc).__name__}: {exc}"
+                log.warning("control plane heartbeat failed", error=self._control_error)
+
+    def control_ok(self) -> bool:
+        """True while the lease is known to be alive (last heartbeat within the lease TTL, no error since)."""
+        return not self._control_error and time.monotonic() - self._control_seen < self.config.lease_ttl_s
+
+    # ------------------------------------------------------------------------------------------ planning
+
+    def keys_for(self, request: Request, session: str | None = None) -> list[bytes]:
+        """Block keys of a request; with `session`, continue that session's cached chain (multi-turn chat).
+
+        The cached chain is reused only when the request's tokens start with every token it has seen, under
+        the same identity; otherwise the keys are computed afresh and replace it.
+        """
+        if session is None:
+            return self.keys(request)
+        toks = request.token_ids
+        root = self.keyer.request_root(request)
+        got = self._sessions.get(session)
+        if got is not None:
+            chain, seen = got
+            if chain.root == root and len(seen) <= len(toks) and toks[: len(seen)] == seen:
+                chain.extend(toks[len(seen):])
+                self._sessions[session] = (chain, toks)
+                self._sessions.move_to_end(session)
+                return chain.keys
+        chain = self.keyer.chain(root)
+        chain.extend(toks)
+        self._sessions[session] = (chain, toks)
+        while len(self._sessions) > self.config.session_cache:
+            self._sessions.popitem(last=False)
+        return chain.keys
+
+    def plan(
+        self,
+        request: Request,
+        *,
+        keys: Sequence[bytes] | None = None,
+        session: str | None = None,
+        deadline_ms: float | None = None,
+    ) -> Plan:
+        """Decide what of `request` to restore, from where, and what to prefetch; never later than the deadline.
+
+        Any failure on the way (a plugin raising, the deadline passing, the control plane down) gives a
+        `recompute` plan whose reasons say why.
+        """
+        t0 = time.perf_counter()
+        budget = (deadline_ms if deadline_ms is not None else
+                  (request.slo.deadline_ms if request.slo.deadline_ms is not None else self.config.deadline_ms))
+        decision_id = os.urandom(8).hex()
+        stage = "start"
+        try:
+            if not self.control_ok():
+                return self._fallback(request, decision_id, t0,
+                                      f"control plane unavailable ({self._control_error or 'lease not renewed'})")
+            stage = "keys"
+            if keys is None:
+                keys = self.keys_for(request, session)
+            if time.perf_counter() - t0 > budget / 1e3:
+                return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed after {stage}")
+            stage = "match"
+            match = self.index.match(keys, request.layout)
+            stage = "policy"
+            policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
+            stage = "plan"
+            decision = decide(self.planner, request, match, policy, node=request.node or self.node,
+                              decision_id=decision_id, epoch=self.epoch,
+                              inflight=self.prefetcher.inflight_bytes(), bandwidth_scale=self.bandwidth_scale,
+                              prefetch_target=self.tier_order[0] if len(self.tier_order) > 1 else "")  # fmt: skip
+            elapsed = time.perf_counter() - t0
+            if elapsed > budget / 1e3:
+                return self._fallback(request, decision_id, t0,
+                                      f"deadline {budget:g} ms passed after {stage} ({elapsed * 1e3:.2f} ms)")
+        except Exception as exc:
+            log.exception("planning failed", stage=stage, request_id=request.request_id)
+            return self._fallback(request, decision_id, t0, f"{stage} failed: {type(exc).__name__}: {exc}")
+        if decision.plan.prefetch:
+            self._schedule_prefetch(request, keys, decision.plan)
+        self._log_decision(decision.plan, t0)
+        return decision.plan
+
+    async def aplan(self, request: Request, **kwargs: Any) -> Plan:
+        """`plan` for asyncio callers (it is CPU-bound and bounded by the deadline, so it runs inline)."""
+        return self.plan(request, **kwargs)
+
+    def _fallback(self, request: Request, decision_id: str, t0: float, reason: str) -> Plan:
+        plan = to_plan(request, None, action=PlanAction.RECOMPUTE, decision_id=decision_id,
+                       page=request.layout.page_size, transport="", reasons=[f"fail-open: {reason}"],
+                       epoch=self.epoch, cost=self.cost)  # fmt: skip
+        self._log_decision(plan, t0, fallback=True)
+        return plan
+
+    def _log_decision(self, plan: Plan, t0: float, fallback: bool = False) -> None:
+        self.decisions += 1
+        record = {"decision_id": plan.decision_id, "request_id": plan.request_id, "tenant": plan.tenant,
+                  "action": plan.action.value, "tokens_total": plan.tokens_total,
+                  "tokens_reused": plan.tokens_reused, "policy_revision": plan.policy_revision,
+                  "epoch": plan.epoch, "rules": list(plan.rules), "reasons": list(plan.reasons),
+                  "predicted": to_dict(plan.predicted), "plan_ms": round((time.perf_counter() - t0) * 1e3, 4),
+                  "fallback": fallback}  # fmt: skip
+        log.info("decision", **record)
+        self.plugins.observe_decision(record)
+
+    # ------------------------------------------------------------------------------------------ write path
+
+    def commit(
+        self,
+        request: Request,
+        payloads: Mapping[tuple[int, int], bytes | memoryview] | Sequence[bytes | memoryview],
+        *,
+        keys: Sequence[bytes] | None = None,
+    ) -> CommitResult:
+        """Hand produced state to the bounded writer: `payloads[block]` (group 0) or `payloads[(block, group)]`.
+
+        Returns at once. The writer applies the tenant's `admit` and `place` rules, stores accepted state in
+        its tier and indexes it; what the writer's bounds cannot take is refused (backpressure), never queued
+        without bound.
+        """
+        keys = self.keys(request) if keys is None else keys
+        items = payloads.items() if isinstance(payloads, Mapping) else (((b, 0), p) for b, p in enumerate(payloads))
+        work = []
+        for (block, group), payload in items:
+            data = bytes(payload)  # the engine may reuse its buffer; the queue owns a copy
+            work.append(WriteItem(len(data), (request, keys, block, group, data)))
+        accepted = self.writer.submit(work)
+        return CommitResult(accepted=accepted, refused=len(work) - accepted)
+
+    async def acommit(self, request: Request, payloads: Any, **kwargs: Any) -> CommitResult:
+        """`commit` for asyncio callers."""
+        return await asyncio.to_thread(self.commit, request, payloads, **kwargs)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the writer has stored everything queued."""
+        return self.writer.flush(timeout)
+
+    def _write(self, item: tuple[Request, Sequence[bytes], int, int, bytes]) -> None:
+        request, keys, block, group, data = item
+        first = self.tier_order[0] if self.tier_order else next(iter(self.tiers))
+        desc = self.describe(request, block, data, tier=first, group=group, keys=keys)
+        policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
+        priority: float | None = None
+        tier = first
+        if policy is not None:
+            admit = policy.evaluate("admit", {"state": desc, "request": request, "node": self.node})
+            if not admit.allowed:
+                log.info("state not admitted", tenant=request.tenant, request_id=request.request_id, block=block,
+                         rules=list(admit.deciding), messages=list(admit.messages))  # fmt: skip
+                return
+            place = policy.evaluate("place", {"state": desc, "request": request, "node": self.node})
+            if place.placement is not None:
+                tier = place.placement.tier or tier
+                priority = place.placement.priority
+        if tier not in self.tiers:
+            log.warning("place rule names an unknown tier; using the fastest", tier=tier, fallback=first)
+            tier = first
+        if priority is None:  # cost-aware default: recompute saved per byte, deeper blocks evicted first
+            page = request.layout.page_size
+            priority = self.cost.value_per_byte(page, page) * 1e6 - desc.span.end * 1e-9
+        if tier != first:
+            desc = attrs.evolve(desc, placement=Placement(tier, self.node, self.epoch))
+        breaker = self.health.breaker(tier)
+        try:
+            ok = self.put(desc, data, priority=priority)
+        except Exception as exc:
+            breaker.failure(f"put failed: {exc!r}")
+            raise
+        if ok:
+            breaker.success()
+
+    # ------------------------------------------------------------------------------------------ load path
+
+    def materialize(self, plan: Plan, request: Request, *, keys: Sequence[bytes] | None = None,
+                    timeout_ms: float | None = None) -> Materialized:  # fmt: skip
+        """Load the plan's spans (checksums verified, each tier read bounded by a timeout).
+
+        Stops at the first block that is missing, corrupt (quarantined), or slow (its tier's breaker opens):
+        the caller restores blocks [0, blocks) and recomputes from `tokens` on. Never returns wrong state.
+        """
+        if plan.action != PlanAction.MATERIALIZE or not plan.spans:
+            return Materialized(plan, 0, 0, {}, "nothing to load")
+        keys = self.keys(request) if keys is None else keys
+        page = request.layout.page_size
+        paged, ckpt = group_masks(request.layout.groups)
+        limit = timeout_ms if timeout_ms is not None else self.config.load_timeout_ms
+        states: dict[tuple[int, int], StoredState] = {}
+        last = plan.tokens_reused // page
+        for span in plan.spans:
+            jobs = []
+            for b in range(span.start // page, span.end // page):
+                need = paged | (ckpt if b == last - 1 else 0)
+                jobs.extend((b, g) for g in range(len(request.layout.groups)) if need & (1 << g))
+            future = self._loader.submit(self._load_many, keys, jobs, span.tier, span.transport)
+            try:
+                got, bad = future.result(timeout=limit / 1e3)
+            except concurrent.futures.TimeoutError:
+                self.health.breaker(span.tier).failure(f"load timed out after {limit:g} ms", severe=True)
+                first_bad = span.start // page
+                return self._partial(plan, states, first_bad, page, f"tier {span.tier} timed out")
+            except Exception as exc:
+                self.health.breaker(span.tier).failure(repr(exc))
+                return self._partial(plan, states, span.start // page, page, f"tier {span.tier} failed: {exc!r}")
+            states.update(got)
+            if bad is not None:
+                b, why = bad
+                return self._partial(plan, states, b, page, why)
+            self.health.breaker(span.tier).success()
+        return Materialized(plan, last, last * page, states)
+
+    async def amaterialize(self, plan: Plan, request: Request, **kwargs: Any) -> Materialized:
+        """`materialize` for asyncio callers."""
+        return await asyncio.to_thread(self.materialize, plan, request, **kwargs)
+
+    def _load_many(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], tier: str,
+                   transport: str) -> tuple[dict[tuple[int, int], StoredState], tuple[int, str] | None]:  # fmt: skip
+        got: dict[tuple[int, int], StoredState] = {}
+        for b, g in jobs:
+            st = self.load(keys[b], g, tier=tier, transport=transport)
+            if st is None:
+                return got, (b, f"block {b} group {g} missing or corrupt in {tier}")
+            got[(b, g)] = st
+        return got, None
+
+    def _partial(self, plan: Plan, states: dict[tuple[int, int], StoredState], first_bad: int, page: int,
+                 reason: str) -> Materialized:  # fmt: skip
+        keep = {k: v for k, v in states.items() if k[0] < first_bad}
+        log.warning("materialize stopped early; recompute from the last good block", request_id=plan.request_id,
+                    tenant=plan.tenant, good_tokens=first_bad * page, reason=reason)  # fmt: skip
+        return Materialized(plan, first_bad, first_bad * page, keep, reason)
+
+    def report_load_result(self, plan: Plan, report: LoadReport, *, keys: Sequence[bytes] | None = None,
+                           group: int = 0) -> int:  # fmt: skip
+        """A connector tells how restoring a plan went; returns the token to recompute from.
+
+        Success closes the breakers of the tiers read; a failure counts against the tier's breaker (a timeout or
+        corrupt data opens it at once) and corrupt data is quarantined so no later plan uses it.
+        """
+        tiers = {s.tier for s in plan.spans}
+        if report.ok:
+            for t in tiers:
+                self.health.breaker(t).success()
+            return plan.tokens_reused
+        tier = report.tier or (next(iter(tiers)) if len(tiers) == 1 else "")
+        if tier:
+            self.health.breaker(tier).failure(report.reason or "load failed", severe=report.corrupt or report.timeout)
+        block = report.failed_block if report.failed_block is not None else 0
+        if report.corrupt and keys is not None and block < len(keys) and tier:
+            self.quarantine(keys[block], group, tier, reason=report.reason or "reported corrupt by connector")
+        log.warning("load failed; recompute from the last good block", request_id=plan.request_id,
+                    tenant=plan.tenant, tier=tier, block=block, reason=report.reason)  # fmt: skip
+        return min(plan.tokens_reused, block * self.keyer.page_size)
+
+    # ------------------------------------------------------------------------------------------ prefetch
+
+    def _schedule_prefetch(self, request: Request, keys: Sequence[bytes], plan: Plan) -> None:
+        page = request.layout.page_size
+        block_bytes = self.cost.bytes_per_token * page
+        for span in plan.prefetch:
+            slots = [slot_of(keys[b], g) for b in range(span.start // page, span.end // page)
+                     for g in range(len(request.layout.groups))]  # fmt: skip
+            self.prefetcher.submit(request.tenant, slots, span.tier, span.target_tier, block_bytes,
+                                   self.config.prefetch_deadline_s)  # fmt: skip
+
+    def _move(self, slot: bytes, source: str, target: str) -> bool:
+        """Copy one slot from `source` to `target` (the index gains the target location); False on a miss."""
+        src, dst = self.tiers.get(source), self.tiers.get(target)
+        if src is None or dst is None or not self.health.allow(source):
+            return False
+        got = src.get(slot)
+        if got is None:
+            return False
+        if not verify_checksum(got.payload, got.descriptor.checksum):
+            self.quarantine(slot[:-1], slot[-1], source, reason="checksum mismatch during prefetch")
+            return False
+        desc = attrs.evolve(got.descriptor, placement=Placement(target, self.node, self.epoch))
+        return self.put(desc, got.payload)
+
     def close(self) -> None:
-        """Release tiers, transports and the control-plane lease."""
+        """Stop the workers, then release tiers, transports and the control-plane lease."""
+        self._stop.set()
+        self.prefetcher.close()
+        self.writer.close()
+        self._loader.shutdown(wait=False, cancel_futures=True)
         for store in self.tiers.values():
             store.close()
         for t in self.transports.values():
             t.close()
-        self.control.revoke(self.lease.lease_id)
-        self.control.close()
+        with contextlib.suppress(Exception):
+            if self.lease is not None:
+                self.control.revoke(self.lease.lease_id)
+            self.control.close()
 
     def __enter__(self) -> Kernel:
         return self

@@ -1,0 +1,140 @@
+"""The cost model: predicts every term of G = T_recompute(M) - (T_lookup + T_transfer(M) + T_mount) from a profile.
+
+Prefill of L tokens costs base + a*L + b*L^2 (the quadratic term is attention), so skipping the first M tokens
+of any request saves a*M + b*M^2. Transfers pay latency plus bytes over bandwidth, where bytes already in flight
+on the same link share it, plus codec decode time; mounting costs a fixed time per block.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from attrs import define
+
+from nexuskv.contracts import Calibration, CodecCost, CostProfile, LinkCost, PrefillCost, from_dict
+
+__all__ = ["CostModel", "Terms", "default_profile", "load_profile"]
+
+
+def default_profile() -> CostProfile:
+    """The documented default: a tiny Llama-style model on this project's CPU machine (DESIGN.md figures).
+
+    Prefill 512 / 2048 / 8192 tokens in about 45 / 270 / 1540 ms (least-squares fit with a 1 ms base), 2048 bytes
+    of state per token, and tier costs of a typical host: DRAM, a local NVMe disk, Redis over loopback TCP.
+    `nexuskv calibrate` replaces it with measured numbers.
+    """
+    return CostProfile(
+        name="default-cpu-tiny-llama",
+        model="tiny-llama",
+        hardware="2-core CPU (documented default, not calibrated)",
+        bytes_per_token=2048,
+        prefill=PrefillCost(base_ms=1.0, per_token_ms=0.1095, per_token_sq_ms=9.566e-6),
+        tiers={
+            "dram": LinkCost(bandwidth_bytes_per_s=8e9, latency_ms=0.005),
+            "disk": LinkCost(bandwidth_bytes_per_s=1.5e9, latency_ms=0.1),
+            "redis": LinkCost(bandwidth_bytes_per_s=1e9, latency_ms=0.3),
+        },
+        transports={"local": LinkCost(bandwidth_bytes_per_s=8e9, latency_ms=0.0)},
+        codecs={
+            "raw": CodecCost(decode_bytes_per_s=1e12, encode_bytes_per_s=1e12, ratio=1.0),
+            "zstd": CodecCost(decode_bytes_per_s=1.5e9, encode_bytes_per_s=4e8, ratio=1.3),
+        },
+        lookup_ms=0.05,
+        mount_ms_per_block=0.002,
+        calibration=Calibration(method="default"),
+    )
+
+
+def load_profile(path: str | Path) -> CostProfile:
+    """Read a cost profile JSON file (validated against `schemas/cost-profile.v1.json`)."""
+    return from_dict(CostProfile, json.loads(Path(path).read_text()))
+
+
+@define(frozen=True)
+class Terms:
+    """The predicted terms of one candidate, in milliseconds."""
+
+    t_recompute_ms: float
+    t_lookup_ms: float
+    t_transfer_ms: float
+    t_mount_ms: float
+
+    @property
+    def gain_ms(self) -> float:
+        """G = T_recompute - (T_lookup + T_transfer + T_mount)."""
+        return self.t_recompute_ms - (self.t_lookup_ms + self.t_transfer_ms + self.t_mount_ms)
+
+
+class CostModel:
+    """Predictions from one profile; `inflight` bytes per link (tier or transport name) model contention."""
+
+    def __init__(self, profile: CostProfile | None = None) -> None:
+        self.profile = profile or default_profile()
+        p = self.profile.prefill
+        self._base, self._a, self._b = p.base_ms, p.per_token_ms, p.per_token_sq_ms
+        self.bytes_per_token = self.profile.bytes_per_token
+
+    def prefill_ms(self, tokens: int, cached: int = 0) -> float:
+        """Time to prefill `tokens` tokens of which the first `cached` are restored (0 <= cached <= tokens)."""
+        if tokens <= cached:
+            return 0.0
+        return self._base + self._a * (tokens - cached) + self._b * (tokens * tokens - cached * cached)
+
+    def recompute_ms(self, tokens: int) -> float:
+        """T_recompute(M): prefill time saved by restoring the first M tokens instead of computing them."""
+        return self._a * tokens + self._b * tokens * tokens
+
+    def link(self, name: str) -> LinkCost:
+        """Cost of a tier read or a transport hop; an unknown name is a `KeyError` naming what exists."""
+        got = self.profile.tiers.get(name) or self.profile.transports.get(name)
+        if got is None:
+            known = sorted({*self.profile.tiers, *self.profile.transports})
+            raise KeyError(f"cost profile {self.profile.name!r} has no tier or transport {name!r} (has: {known})")
+        return got
+
+    def transfer_ms(
+        self, nbytes: float, tier: str, *, transport: str | None = None, codec: str = "raw",
+        inflight: Mapping[str, float] | None = None, bandwidth_scale: Mapping[str, float] | None = None,
+    ) -> float:  # fmt: skip
+        """Time to move `nbytes` (raw state bytes) from `tier` over `transport`, decoding with `codec`.
+
+        Bytes already in flight on a link share its bandwidth (processor sharing: ours finish after at most as
+        many of theirs); `bandwidth_scale` multiplies a link's bandwidth (a congested or degraded link < 1).
+        """
+        if nbytes <= 0:
+            return 0.0
+        c = self.profile.codecs.get(codec)
+        stored = nbytes / c.ratio if c is not None else nbytes
+        total = 0.0
+        for name in (tier, transport) if transport and transport != "local" else (tier,):
+            cost = self.link(name)
+            bw = cost.bandwidth_bytes_per_s * (bandwidth_scale.get(name, 1.0) if bandwidth_scale else 1.0)
+            busy = min(inflight.get(name, 0.0), stored) if inflight else 0.0
+            total += cost.latency_ms + (stored + busy) / bw * 1e3
+        if c is not None and codec != "raw":
+            total += nbytes / c.decode_bytes_per_s * 1e3
+        return total
+
+    def mount_ms(self, blocks: int) -> float:
+        """Time to mount `blocks` restored blocks into the engine."""
+        return self.profile.mount_ms_per_block * blocks
+
+    def lookup_ms(self) -> float:
+        """Measured index + policy lookup time."""
+        return self.profile.lookup_ms
+
+    def terms(self, tokens: int, transfer_ms: float, blocks: int) -> Terms:
+        """All terms of G for restoring `tokens` tokens (`blocks` blocks) whose transfer takes `transfer_ms`."""
+        return Terms(self.recompute_ms(tokens), self.lookup_ms() if tokens else 0.0, transfer_ms,
+                     self.mount_ms(blocks))  # fmt: skip
+
+    def value_per_byte(self, depth_tokens: int, block_tokens: int, hits: int = 0) -> float:
+        """Cost-aware eviction value of a block ending at `depth_tokens`.
+
+        The recompute milliseconds it saves per byte, weighted by observed reuse (1 + hits).
+        """
+        start = max(0, depth_tokens - block_tokens)
+        saved = self.recompute_ms(depth_tokens) - self.recompute_ms(start)
+        return saved * (1 + hits) / max(1, block_tokens * self.bytes_per_token)

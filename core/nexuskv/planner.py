@@ -1,0 +1,320 @@
+"""The planner: from an index match, the tenant's reuse rules and the cost model, the cut that gains most.
+
+Candidates are the valid restore points at every boundary where the fastest healthy source changes tier (reuse
+only the fast part and recompute the rest, or fetch more), plus the longest valid point. Each is priced with
+G = T_recompute - (T_lookup + T_transfer + T_mount); the best one wins if its gain exceeds the tenant's minimum
+and its reuse rules allow it. Same inputs, same plan: ties break on fewer tokens moved, then tier order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attrs import define, field
+
+from nexuskv.contracts import Plan, PlanAction, PlanSpan, Predicted, Request
+from nexuskv.cost import CostModel
+from nexuskv.health import Health
+from nexuskv.index import Holding, Match
+from nexuskv.kinds import group_masks
+
+__all__ = ["Candidate", "PlanDetail", "Planner"]
+
+
+@define(frozen=True)
+class Candidate:
+    """One priced cut: restore `blocks` blocks read from `sources` (runs of blocks per tier and node)."""
+
+    blocks: int
+    sources: tuple[tuple[int, int, str, str], ...]  # (first block, end block, tier, node)
+    t_recompute_ms: float
+    t_lookup_ms: float
+    t_transfer_ms: float
+    t_mount_ms: float
+
+    @property
+    def gain_ms(self) -> float:
+        """G of this candidate."""
+        return self.t_recompute_ms - (self.t_lookup_ms + self.t_transfer_ms + self.t_mount_ms)
+
+    @property
+    def slowest_tier(self) -> str:
+        """The slowest tier the candidate reads from (the last run's tier; empty when nothing is read)."""
+        return self.sources[-1][2] if self.sources else ""
+
+
+@define(frozen=True)
+class PlanDetail:
+    """What the kernel needs beyond the `Plan` contract: the chosen candidate and every one considered."""
+
+    chosen: Candidate | None
+    candidates: tuple[Candidate, ...] = field(default=())
+    prefetch: tuple[tuple[int, int, str, str], ...] = field(default=())  # (first block, end, from tier, node)
+    verdicts: tuple[Any, ...] = field(default=())
+
+
+class Planner:
+    """Prices candidates; holds no state of its own besides configuration."""
+
+    def __init__(self, cost: CostModel, health: Health, tier_order: Sequence[str], transport: str = "local") -> None:
+        self.cost = cost
+        self.health = health
+        self.tier_order = tuple(tier_order)  # fastest first
+        self.transport = transport
+
+    def _best_source(self, h: Holding | None, need: int, node: str) -> tuple[int, str, str] | None:
+        """(tier rank, tier, node) of the fastest healthy location holding the `need` groups of one block."""
+        if h is None:
+            return None
+        best: tuple[int, int, str, str] | None = None
+        for loc, mask in h.locations:
+            if mask & need != need or loc.tier not in self._rank or not self._allowed[loc.tier]:
+                continue
+            remote = 0 if (not node or loc.node == node) else 1
+            key = (remote, self._rank[loc.tier], loc.tier, loc.node)
+            if best is None or key < best:
+                best = key
+        return None if best is None else (best[1], best[2], best[3])
+
+    def candidates(
+        self,
+        request: Request,
+        match: Match,
+        *,
+        node: str,
+        inflight: Mapping[str, float] | None = None,
+        bandwidth_scale: Mapping[str, float] | None = None,
+        max_blocks: int | None = None,
+    ) -> list[Candidate]:
+        """Every candidate cut worth pricing, priced; the empty cut (recompute all) first."""
+        self._rank = {t: i for i, t in enumerate(self.tier_order)}
+        self._allowed = {t: self.health.allow(t) for t in self.tier_order}
+        layout = request.layout
+        paged, ckpt = group_masks(layout.groups)
+        entries = match.entries
+        limit = min(len(entries), len(request.token_ids) // layout.page_size)
+        if max_blocks is not None:
+            limit = min(limit, max_blocks)
+        # Fastest healthy source of each block's paged groups; holdings are interned, so compute once each.
+        cache: dict[int, tuple[int, str, str] | None] = {}
+        srcs: list[tuple[int, str, str] | None] = []
+        for h in entries[:limit]:
+            k = id(h)
+            if k not in cache:
+                cache[k] = self._best_source(h, paged, node) if paged else (0, "", "")
+            srcs.append(cache[k])
+        # Paged groups cannot skip a block: the usable prefix ends at the first block without a source.
+        end = srcs.index(None) if None in srcs else len(srcs)
+        cuts: set[int] = {end} if not ckpt else set()
+        for i in range(1, end):
+            if srcs[i][0] != srcs[i - 1][0]:  # type: ignore[index]
+                cuts.add(i)
+        if ckpt:  # checkpointed groups: only blocks with a checkpoint (of every such group) are cuts
+            ck = [b for b in range(1, end + 1) if self._best_source(entries[b - 1], ckpt, node) is not None]
+            marks = sorted(cuts | {end})
+            cuts = {max((b for b in ck if b <= m), default=0) for m in marks}
+        out = [self._price(0, [], node=node, page=layout.page_size)]
+        for b in sorted(c for c in cuts if c > 0):
+            out.append(self._price(b, srcs, node=node, inflight=inflight, scale=bandwidth_scale,
+                                   page=layout.page_size, entries=entries, ckpt=ckpt))  # fmt: skip
+        return out
+
+    def _price(self, blocks: int, srcs: Sequence[Any], node: str = "",
+               inflight: Mapping[str, float] | None = None, scale: Mapping[str, float] | None = None,
+               page: int = 16, entries: Sequence[Holding | None] = (), ckpt: int = 0) -> Candidate:  # fmt: skip
+        runs: list[tuple[int, int, str, str]] = []
+        for i in range(blocks):
+            s = srcs[i]
+            tier, where = (s[1], s[2]) if s and s[1] else ("", "")
+            if runs and runs[-1][2] == tier and runs[-1][3] == where:
+                runs[-1] = (runs[-1][0], i + 1, tier, where)
+            else:
+                runs.append((i, i + 1, tier, where))
+        if ckpt and blocks:
+            c = self._best_source(entries[blocks - 1], ckpt, node)
+            if c is not None:
+                runs.append((blocks - 1, blocks, c[1], c[2]))
+        runs = [r for r in runs if r[2]]
+        block_bytes = self.cost.bytes_per_token * page
+        per_tier: dict[str, int] = {}
+        for first, end, tier, _ in runs:
+            per_tier[tier] = per_tier.get(tier, 0) + (end - first)
+        transfer = sum(self.cost.transfer_ms(n * block_bytes, t, transport=self.transport, inflight=inflight,
+                                             bandwidth_scale=scale) for t, n in sorted(per_tier.items()))  # fmt: skip
+        terms = self.cost.terms(blocks * page, transfer, blocks)
+        return Candidate(blocks, tuple(runs), terms.t_recompute_ms, terms.t_lookup_ms, terms.t_transfer_ms,
+                         terms.t_mount_ms)  # fmt: skip
+
+
+def best(candidates: Sequence[Candidate]) -> Candidate:
+    """Highest gain; ties: fewer blocks (less moved), then the sources' tier names (stable)."""
+    return max(candidates, key=lambda c: (round(c.gain_ms, 9), -c.blocks, tuple(r[2] for r in c.sources)))
+
+
+def to_plan(
+    request: Request,
+    chosen: Candidate | None,
+    *,
+    action: PlanAction,
+    decision_id: str,
+    page: int,
+    transport: str,
+    prefetch: Sequence[tuple[int, int, str, str]] = (),
+    prefetch_to: str = "",
+    reasons: Sequence[str] = (),
+    rules: Sequence[str] = (),
+    revision: str = "",
+    epoch: int = 0,
+    cost: CostModel,
+) -> Plan:
+    """The `Plan` contract for a decision."""
+    total = len(request.token_ids)
+    reused = chosen.blocks * page if chosen is not None and action == PlanAction.MATERIALIZE else 0
+    spans = tuple(PlanSpan(start=f * page, end=e * page, tier=t, node=n, transport=transport)
+                  for f, e, t, n in (chosen.sources if reused and chosen is not None else ()))  # fmt: skip
+    pre = tuple(PlanSpan(start=f * page, end=e * page, tier=t, node=n, transport=transport, target_tier=prefetch_to)
+                for f, e, t, n in prefetch)  # fmt: skip
+    if reused and chosen is not None:
+        predicted = Predicted(t_recompute_ms=chosen.t_recompute_ms, t_lookup_ms=chosen.t_lookup_ms,
+                              t_transfer_ms=chosen.t_transfer_ms, t_mount_ms=chosen.t_mount_ms,
+                              gain_ms=chosen.gain_ms,
+                              ttft_ms=cost.prefill_ms(total, reused) + chosen.t_lookup_ms + chosen.t_transfer_ms
+                              + chosen.t_mount_ms)  # fmt: skip
+    else:
+        predicted = Predicted(t_lookup_ms=cost.lookup_ms(), ttft_ms=cost.prefill_ms(total))
+    return Plan(decision_id=decision_id, request_id=request.request_id, tenant=request.tenant, action=action,
+                tokens_total=total, tokens_reused=reused, spans=spans, prefetch=pre, predicted=predicted,
+                reasons=tuple(reasons), rules=tuple(rules), policy_revision=revision, epoch=epoch)  # fmt: skip
+
+
+@define(frozen=True)
+class Decision:
+    """The planner's answer: the plan, the chosen candidate (if any) and what was considered."""
+
+    plan: Plan
+    detail: PlanDetail
+
+
+def decide(
+    planner: Planner,
+    request: Request,
+    match: Match,
+    policy: Any,
+    *,
+    node: str,
+    decision_id: str,
+    epoch: int,
+    inflight: Mapping[str, float] | None = None,
+    bandwidth_scale: Mapping[str, float] | None = None,
+    prefetch_target: str = "",
+) -> Decision:
+    """Price the candidates, apply the tenant's reuse rules and minimum gain, and choose.
+
+    `policy` is a `PolicySet` (or None: no rules, no minimum gain). A `deny` with `max_tokens` shrinks the
+    candidate to the cap; a plain deny rules the candidate out. Blocks past the chosen cut that sit in a slower
+    tier and would pay if they were in `prefetch_target` are proposed for prefetch.
+    """
+    from nexuskv.policy.model import Candidate as MatchView  # the view reuse rules see as `match`
+
+    page = request.layout.page_size
+    cands = planner.candidates(request, match, node=node, inflight=inflight, bandwidth_scale=bandwidth_scale)
+    reasons: list[str] = []
+    rules: list[str] = []
+    verdicts: list[Any] = []
+    held = max(c.blocks for c in cands)
+    if held:
+        by_tier = ", ".join(f"{t} {n}" for t, n in sorted(_blocks_per_tier(max(cands, key=lambda c: c.blocks))))
+        reasons.append(f"match: {held} of {len(request.token_ids) // page} blocks reusable ({by_tier})")
+    else:
+        reasons.append("match: nothing reusable")
+    min_gain = float(policy.min_gain_ms) if policy is not None else 0.0
+    chosen: Candidate | None = None
+    ranked = sorted(cands, key=lambda c: (-round(c.gain_ms, 9), c.blocks))
+    for cand in ranked:
+        if cand.blocks == 0 or cand.gain_ms <= min_gain:
+            break
+        if policy is None:
+            chosen = cand
+            break
+        verdict = _reuse_verdict(policy, request, cand, node, page, MatchView)
+        verdicts.append(verdict)
+        rules.extend(r for r in verdict.deciding if r not in rules)
+        reasons.extend(f"policy warning: {w}" for w in verdict.warnings)
+        if verdict.allowed and (verdict.max_tokens is None or verdict.max_tokens >= cand.blocks * page):
+            chosen = cand
+            break
+        cap = (verdict.max_tokens or 0) // page
+        reasons.append(f"policy: {', '.join(verdict.deciding) or 'reuse'} "
+                       + (f"caps reuse at {cap * page} tokens" if cap else "refuses this candidate"))  # fmt: skip
+        if cap:
+            capped = [c for c in planner.candidates(request, match, node=node, inflight=inflight,
+                                                    bandwidth_scale=bandwidth_scale, max_blocks=cap) if c.blocks]
+            if capped:
+                alt = best(capped)
+                v2 = _reuse_verdict(policy, request, alt, node, page, MatchView)
+                verdicts.append(v2)
+                fits = v2.max_tokens is None or v2.max_tokens >= alt.blocks * page
+                if alt.gain_ms > min_gain and v2.allowed and fits:
+                    chosen = alt
+                    break
+    if chosen is not None:
+        action = PlanAction.MATERIALIZE
+        reasons.append(f"reuse {chosen.blocks * page} tokens: saves {chosen.t_recompute_ms:.2f} ms, costs "
+                       f"{chosen.t_transfer_ms + chosen.t_mount_ms + chosen.t_lookup_ms:.2f} ms, "
+                       f"G = {chosen.gain_ms:.2f} ms > min gain {min_gain:g} ms")  # fmt: skip
+    else:
+        action = PlanAction.RECOMPUTE
+        top = ranked[0] if ranked else None
+        if held and top is not None and top.blocks:
+            reasons.append(f"recompute: best G = {top.gain_ms:.2f} ms does not beat min gain {min_gain:g} ms"
+                           if top.gain_ms <= min_gain else "recompute: policy allows no reuse")  # fmt: skip
+        elif held:
+            longest = max(cands, key=lambda c: c.blocks)
+            reasons.append(f"recompute: reusing {longest.blocks * page} tokens would lose "
+                           f"{-longest.gain_ms:.2f} ms (transfer {longest.t_transfer_ms:.2f} ms)")  # fmt: skip
+    prefetch = _prefetch(planner, cands, chosen, prefetch_target, min_gain, page) if prefetch_target else ()
+    if prefetch and action == PlanAction.RECOMPUTE:
+        action = PlanAction.PREFETCH
+    if prefetch:
+        reasons.append(f"prefetch {sum(e - f for f, e, _, _ in prefetch) * page} tokens into {prefetch_target} "
+                       "for the next request of this prefix")  # fmt: skip
+    plan = to_plan(request, chosen, action=action, decision_id=decision_id, page=page,
+                   transport=planner.transport, prefetch=prefetch, prefetch_to=prefetch_target, reasons=reasons,
+                   rules=rules, revision=getattr(policy, "revision", ""), epoch=epoch, cost=planner.cost)  # fmt: skip
+    return Decision(plan, PlanDetail(chosen, tuple(cands), tuple(prefetch), tuple(verdicts)))
+
+
+def _blocks_per_tier(c: Candidate) -> list[tuple[str, int]]:
+    out: dict[str, int] = {}
+    for f, e, t, _ in c.sources:
+        out[t] = out.get(t, 0) + e - f
+    return list(out.items())
+
+
+def _reuse_verdict(policy: Any, request: Request, cand: Candidate, node: str, page: int, view: Any) -> Any:
+    owner = request.tenant
+    match_view = view(tokens=cand.blocks * page, blocks=cand.blocks, tier=cand.slowest_tier,
+                      node=cand.sources[-1][3] if cand.sources else "", owner=owner, scope=request.scope,
+                      shared=False, kind=request.layout.kind)  # fmt: skip
+    predicted = Predicted(t_recompute_ms=cand.t_recompute_ms, t_lookup_ms=cand.t_lookup_ms,
+                          t_transfer_ms=cand.t_transfer_ms, t_mount_ms=cand.t_mount_ms, gain_ms=cand.gain_ms)
+    return policy.evaluate("reuse", {"request": request, "match": match_view, "tier": cand.slowest_tier,
+                                     "node": node, "cost": predicted})  # fmt: skip
+
+
+def _prefetch(planner: Planner, cands: Sequence[Candidate], chosen: Candidate | None, target: str,
+              min_gain: float, page: int) -> tuple[tuple[int, int, str, str], ...]:  # fmt: skip
+    """Runs of the longest candidate that are not in `target` and would pay if they were."""
+    longest = max(cands, key=lambda c: c.blocks)
+    if not longest.blocks:
+        return ()
+    slow = tuple(r for r in longest.sources if r[2] != target)
+    if not slow:
+        return ()
+    block_bytes = planner.cost.bytes_per_token * page
+    moved = planner.cost.transfer_ms(longest.blocks * block_bytes, target)
+    gain_if_fast = planner.cost.recompute_ms(longest.blocks * page) - (
+        longest.t_lookup_ms + moved + longest.t_mount_ms)
+    have = chosen.gain_ms if chosen is not None else 0.0
+    return slow if gain_if_fast > max(min_gain, have) else ()
