@@ -83,7 +83,7 @@ def test_message_type_of_contracts():
     assert f["nbytes"] == INT
     assert f["namespace"] == message_type(c.Namespace)
     assert f["tensors"] == list_of(message_type(c.TensorSpec))
-    assert f["tensors"].max_size is None
+    assert f["tensors"].max_size == 1024  # maxItems in the contract
     assert f["parent_key"] == STRING and f["parent_key"].nullable
     assert not f["key"].nullable
     assert "CONTRACT" not in f  # ClassVar, not a field

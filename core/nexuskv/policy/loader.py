@@ -19,8 +19,9 @@ from attrs import define, field
 
 from nexuskv import _schema
 from nexuskv.errors import ContractError, NexusKVError
+from nexuskv.policy import _tomlpos
 from nexuskv.policy.model import PolicyFile
-from nexuskv.policy.policyset import PolicySet, RuleSource, compile_policy
+from nexuskv.policy.policyset import KINDS, PolicySet, RuleSource, compile_policy
 
 __all__ = ["Policies", "PolicyError", "PolicyProblem", "parse_policy_file"]
 
@@ -54,25 +55,38 @@ class PolicyError(NexusKVError):
 
 
 def _line_of_key(text: str, path: str) -> tuple[int | None, int | None]:
-    """Best-effort line of a schema path like `admit[2].effct` in TOML text."""
-    m = re.match(r"^(admit|reuse|place|share)\[(\d+)\](?:\.(\w+))?", path)
-    lines = text.splitlines()
+    """Line and column of a schema path like `admit[2].effct`, `variables.x` or `extends` in TOML text."""
+    scan = _tomlpos.Strings(text)
+    headers = list(re.finditer(r"(?m)^[ \t]*\[", scan.masked))
+    top_end = headers[0].start() if headers else len(text)
+    m = re.match(r"^(\w+)\[(\d+)\](?:\.(\w+))?", path)
     if m:
         kind, idx, key = m.group(1), int(m.group(2)), m.group(3)
-        headers = [i for i, ln in enumerate(lines) if re.match(rf"^\s*\[\[\s*{kind}\s*\]\]", ln)]
-        if idx < len(headers):
-            start = headers[idx]
-            end = next((i for i in range(start + 1, len(lines)) if re.match(r"^\s*\[", lines[i])), len(lines))
-            if key:
-                for i in range(start + 1, end):
-                    if re.match(rf"^\s*{re.escape(key)}\s*=", lines[i]):
-                        return i + 1, lines[i].index(key) + 1
-            return start + 1, 1
-    key = path.split(".")[-1].split("[")[0]
-    for i, ln in enumerate(lines):
-        if re.match(rf"^\s*{re.escape(key)}\s*=", ln):
-            return i + 1, ln.index(key) + 1
-    return None, None
+        blocks = [(h.start(), headers[n + 1].start() if n + 1 < len(headers) else len(text))
+                  for n, h in enumerate(headers)
+                  if re.match(rf"[ \t]*\[\[[ \t]*{re.escape(kind)}[ \t]*\]\]", scan.masked[h.start():])]  # fmt: skip
+        if idx < len(blocks):
+            start, end = blocks[idx]
+            pos = _tomlpos.key_offset(scan, key, start, end) if key else None
+            return _tomlpos.file_position(text, pos if pos is not None else _first_char(scan, start))
+    head, _, key = path.partition(".")
+    head = head.split("[")[0]
+    if key:  # a key of a table: `variables.x`
+        block = _tomlpos.table_block(scan, head)
+        if block is not None:
+            pos = _tomlpos.key_offset(scan, key.split(".")[0].split("[")[0], *block)
+            return _tomlpos.file_position(text, pos if pos is not None else _first_char(scan, block[0]))
+    pos = _tomlpos.key_offset(scan, head, 0, top_end)
+    if pos is None:  # a table header: `[evict]`, `[[evict]]`
+        hm = re.search(rf"(?m)^[ \t]*\[\[?[ \t]*{re.escape(head)}[ \t]*\]", scan.masked)
+        pos = hm.start() + len(hm.group(0)) - len(hm.group(0).lstrip()) if hm else None
+    return _tomlpos.file_position(text, pos) if pos is not None else (None, None)
+
+
+def _first_char(scan: _tomlpos.Strings, start: int) -> int:
+    """Offset of the first non-blank character at or after `start` (the `[` of a header)."""
+    m = re.compile(r"[ \t]*").match(scan.masked, start)
+    return m.end() if m else start
 
 
 def parse_policy_file(path: Path) -> tuple[PolicyFile | None, list[PolicyProblem], str]:
@@ -95,12 +109,18 @@ def parse_policy_file(path: Path) -> tuple[PolicyFile | None, list[PolicyProblem
         problems = []
         for p, msg in exc.problems:
             line, col = _line_of_key(text, p)
+            if msg == "unknown field" and "." not in p and "[" not in p and _is_table_array(data.get(p)):
+                msg = f"unknown rule kind (one of {', '.join(KINDS)})"
             rule = _rule_at(data, p)
             problems.append(PolicyProblem(name, f"{p}: {msg}", rule=rule, line=line, column=col))
         return None, problems, text
     if not model.name:
         model = attrs.evolve(model, name=path.stem)
     return model, [], text
+
+
+def _is_table_array(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
 
 
 def _rule_at(data: Mapping[str, Any], path: str) -> str:
@@ -159,8 +179,9 @@ class Policies:
             if model is None:
                 continue
             if model.name in loaded:
+                line, col = _line_of_key(text, "name")
                 problems.append(PolicyProblem(str(path), f"policy {model.name!r} is also defined in "
-                                                         f"{loaded[model.name].path}"))  # fmt: skip
+                                              f"{loaded[model.name].path}", line=line, column=col))  # fmt: skip
                 continue
             rev = hashlib.sha256(text.encode()).hexdigest()[:16]
             loaded[model.name] = _Loaded(model, path, text, rev)

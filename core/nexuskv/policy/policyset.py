@@ -16,6 +16,7 @@ from attrs import define
 
 from nexuskv.contracts import Predicted, Request, StateDescriptor
 from nexuskv.logs import get_logger
+from nexuskv.policy import _tomlpos
 from nexuskv.policy.cel import CelError, CelEvalError, Compiled, compile_expr
 from nexuskv.policy.model import (
     Candidate,
@@ -178,6 +179,8 @@ class PolicySet:
         audits: list[str] = []
         errors: list[str] = []
         for rule in self.rules[kind]:
+            if kind == "share" and not _share_applies(rule, act):
+                continue  # a grant names its readers and its scope: nobody else gets anything from it
             try:
                 hit = _fires(rule, act)
                 limit = int(rule.max_tokens(act)) if hit and rule.max_tokens is not None else None
@@ -245,6 +248,13 @@ class PolicySet:
         return [(r.name, r.scope) for r in self.rules["share"] if reader in r.tenants or "*" in r.tenants]
 
 
+def _share_applies(rule: _Rule, act: Mapping[str, Any]) -> bool:
+    """Whether a share rule is about this reader (`request.tenant`) and this candidate's scope (`match.scope`)."""
+    reader = getattr(act.get("request"), "tenant", None)
+    scope = getattr(act.get("match"), "scope", None)
+    return (reader in rule.tenants or "*" in rule.tenants) and scope == rule.scope
+
+
 def _fires(rule: _Rule, act: dict[str, Any]) -> bool:
     for m in rule.match:
         if not m(act):
@@ -269,8 +279,8 @@ def _uses(rule: _Rule, name: str) -> bool:
 # ------------------------------------------------------------------------------------------------ compiling
 
 
-def _locate(text: str, rule: str, expr: str, line: int | None, col: int | None) -> tuple[int | None, int | None]:
-    """File line and column of position (line, col) inside `expr`, found after the rule's `name = ...` line."""
+def _locate_text(text: str, rule: str, expr: str, line: int | None, col: int | None) -> tuple[int | None, int | None]:
+    """Fallback position (inline tables, unusual layouts): the expression's first line after the rule's name."""
     start = 0
     if rule:
         m = re.search(rf"""^\s*name\s*=\s*["']{re.escape(rule)}["']""", text, re.M)
@@ -282,12 +292,54 @@ def _locate(text: str, rule: str, expr: str, line: int | None, col: int | None) 
         pos = text.find(first) if first else -1
     if pos < 0:
         return (text.count("\n", 0, start) + 1 if rule else None), None
-    base_line = text.count("\n", 0, pos) + 1
-    base_col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    base_line, base_col = _tomlpos.file_position(text, pos)
     line = line or 1
     if line == 1:
         return base_line, base_col + (col or 1) - 1
     return base_line + line - 1, col
+
+
+def _expr_index(expr: str, line: int | None, col: int | None) -> int:
+    """Character index in `expr` of the 1-based (line, col) of a CEL error (0 when unknown)."""
+    if line is None:
+        return 0
+    lines = expr.split("\n")
+    return sum(len(ln) + 1 for ln in lines[: line - 1]) + (col or 1) - 1
+
+
+def _locate(
+    text: str,
+    where: tuple[str, str, str | None, int | None, int],
+    expr: str = "",
+    line: int | None = None,
+    col: int | None = None,
+) -> tuple[int | None, int | None]:
+    """File line and column of position (line, col) inside `expr`, the value of a key of a rule or variable.
+
+    `where` is (kind, rule, key, index, occurrence): the `occurrence`-th `[[kind]]` table named `rule`, its `key`
+    (its `index`-th item for `match`), or with kind "variables" the variable `key`. Without a key: the rule's
+    `name`. The TOML string is decoded character by character, so escapes and `'''` strings map exactly.
+    """
+    kind, rule, key, index, occurrence = where
+    scan = _tomlpos.Strings(text)
+    block = (_tomlpos.table_block(scan, "variables") if kind == "variables"
+             else _tomlpos.rule_block(scan, kind, rule, occurrence))  # fmt: skip
+    if block is None:
+        return _locate_text(text, rule, expr, line, col)
+    if key is None:
+        pos = _tomlpos.key_offset(scan, "name", *block)
+        return _tomlpos.file_position(text, pos if pos is not None else block[0])
+    start = _tomlpos.key_value(scan, key, *block, index=index)
+    if start is None:  # a defaulted key (a place rule's `when`): the rule itself
+        pos = _tomlpos.key_offset(scan, key, *block)
+        pos = pos if pos is not None else _tomlpos.key_offset(scan, "name", *block)
+        return _tomlpos.file_position(text, pos if pos is not None else block[0])
+    decoded = _tomlpos.value_offsets(text, start)
+    if decoded is None or (expr and decoded[0] != expr):
+        return _tomlpos.file_position(text, start)
+    offs = decoded[1]
+    i = _expr_index(decoded[0], line, col)
+    return _tomlpos.file_position(text, offs[max(0, min(i, len(offs) - 1))])
 
 
 def _duration_text(text: str) -> float:
@@ -322,12 +374,21 @@ def compile_policy(
             var_src.pop(vname, None)
             var_src[vname] = (expr, src)
 
-    def problem(src: RuleSource, rule: str, exc: CelError | str, expr: str = "", what: str = "") -> None:
+    def problem(
+        src: RuleSource,
+        rule: str,
+        exc: CelError | str,
+        where: tuple[str, str, str | None, int | None, int],
+        expr: str = "",
+        what: str = "",
+        at: tuple[int | None, int | None] | None = None,
+    ) -> None:
+        """Record a problem; `where` locates it (see `_locate`), `at` is a position inside `expr`."""
         if isinstance(exc, CelError):
-            line, col = _locate(src.text, rule, expr, exc.line, exc.column)
+            line, col = _locate(src.text, where, expr, exc.line, exc.column)
             msg = f"{what}: {exc.message}" if what else exc.message
         else:
-            line, col = _locate(src.text, rule, expr, None, None)
+            line, col = _locate(src.text, where, expr, *(at or (None, None)))
             msg = f"{what}: {exc}" if what else exc
         problems.append({"file": src.path, "rule": rule, "message": msg, "line": line, "column": col})
 
@@ -348,10 +409,10 @@ def compile_policy(
         var_errors[kind] = errs
     # A variable that compiles in no kind is wrong wherever it is; one that fails only in some kinds is an
     # error only where a rule of such a kind uses it.
-    for vname, (expr, src) in var_src.items():
-        if all(vname in var_errors[k] for k in KINDS):
-            exc, _, _ = var_errors["admit"][vname]
-            problem(src, "", exc, expr, what=f"variable {vname!r}")
+    broken = {vname for vname in var_src if all(vname in var_errors[k] for k in KINDS)}
+    for vname in broken:
+        exc, expr, src = var_errors["admit"][vname]
+        problem(src, "", exc, ("variables", "", vname, None, 0), expr, what=f"variable {vname!r}")
 
     rules: dict[str, list[_Rule]] = {k: [] for k in KINDS}
     for kind in KINDS:
@@ -359,16 +420,18 @@ def compile_policy(
         env = kind_env(kind, funcs).extend({"variables": record_type("variables", {k: f.type for k, f in
                                                                                      compiled_vars[kind].items()})})
         for src in chain:
-            names_here: set[str] = set()
+            names_here: dict[str, int] = {}
             for rule in getattr(src.model, kind):
                 if rule.name in names_here:
-                    problem(src, rule.name, f"duplicate {kind} rule name {rule.name!r}")
+                    names_here[rule.name] += 1
+                    problem(src, rule.name, f"duplicate {kind} rule name {rule.name!r}",
+                            (kind, rule.name, None, None, names_here[rule.name]))  # fmt: skip
                     continue
-                names_here.add(rule.name)
+                names_here[rule.name] = 0
                 if rule.name in seen:
                     continue  # overridden by a descendant
                 seen.add(rule.name)
-                built = _compile_rule(kind, rule, src, env, cost_limit, failure, var_errors[kind], problem)
+                built = _compile_rule(kind, rule, src, env, cost_limit, failure, var_errors[kind], broken, problem)
                 if built is not None:
                     rules[kind].append(built)
     if problems:
@@ -391,55 +454,70 @@ def _compile_rule(
     cost_limit: int,
     failure: Failure,
     var_errors: Mapping[str, tuple[CelError, str, RuleSource]],
+    broken: set[str],
     problem: Callable[..., None],
 ) -> _Rule | None:
     ok = True
 
-    def comp(expr: str, what: str, expect: CelType | None) -> Compiled | None:
+    def where(key: str | None, index: int | None = None) -> tuple[str, str, str | None, int | None, int]:
+        return (kind, rule.name, key, index, 0)
+
+    def comp(expr: str, what: str, expect: CelType | None, key: str, index: int | None = None) -> Compiled | None:
         nonlocal ok
-        for ref in _VAR_REF.findall(expr):
-            if ref in var_errors:
-                exc, vexpr, vsrc = var_errors[ref]
-                problem(vsrc, rule.name, exc, vexpr, what=f"variable {ref!r} (used by {what}) in a {kind} rule")
+        for ref in _VAR_REF.finditer(expr):
+            name = ref.group(1)
+            if name in broken:  # reported once, at the variable
+                ok = False
+                return None
+            if name in var_errors:
+                # The variable is fine where its inputs exist; the problem is this rule's use of it.
+                exc, _, vsrc = var_errors[name]
+                vline, vcol = _locate(vsrc.text, ("variables", "", name, None, 0), var_errors[name][1],
+                                      exc.line, exc.column)  # fmt: skip
+                at = (expr.count("\n", 0, ref.start()) + 1, ref.start() - (expr.rfind("\n", 0, ref.start()) + 1) + 1)
+                vat = ":".join(str(x) for x in (vsrc.path, vline, vcol) if x is not None)
+                problem(src, rule.name, f"variable {name!r} cannot be used in a {kind} rule: {exc.message} "
+                        f"(variable at {vat})", where(key, index), expr, what, at)  # fmt: skip
                 ok = False
                 return None
         try:
             return compile_expr(expr, env, expect=expect, cost_limit=cost_limit)
         except CelError as exc:
-            problem(src, rule.name, exc, expr, what=what)
+            problem(src, rule.name, exc, where(key, index), expr, what=what)
             ok = False
             return None
 
-    match = tuple(comp(m, f"match[{i}]", BOOL) for i, m in enumerate(rule.match))
-    when = comp(rule.when, "when", BOOL)
+    match = tuple(comp(m, f"match[{i}]", BOOL, "match", i) for i, m in enumerate(rule.match))
+    when = comp(rule.when, "when", BOOL, "when")
     extra: dict[str, Any] = {}
     if getattr(rule, "message_expr", ""):
-        extra["message_fn"] = comp(rule.message_expr, "message_expr", STRING)
+        extra["message_fn"] = comp(rule.message_expr, "message_expr", STRING, "message_expr")
     if kind == "reuse" and rule.max_tokens:
-        extra["max_tokens"] = comp(rule.max_tokens, "max_tokens", INT)
+        extra["max_tokens"] = comp(rule.max_tokens, "max_tokens", INT, "max_tokens")
     if kind == "place":
         extra["tier"] = rule.tier or None
         if rule.tier_expr:
-            extra["tier_fn"] = comp(rule.tier_expr, "tier_expr", STRING)
+            extra["tier_fn"] = comp(rule.tier_expr, "tier_expr", STRING, "tier_expr")
         if rule.ttl:
             try:
                 extra["ttl_s"] = _duration_text(rule.ttl)
             except CelEvalError as exc:
-                problem(src, rule.name, f"ttl {rule.ttl!r}: {exc}", what="ttl")
+                problem(src, rule.name, f"{rule.ttl!r}: {exc}", where("ttl"), rule.ttl, what="ttl")
                 ok = False
         if rule.ttl_expr:
-            extra["ttl_fn"] = comp(rule.ttl_expr, "ttl_expr", DURATION)
+            extra["ttl_fn"] = comp(rule.ttl_expr, "ttl_expr", DURATION, "ttl_expr")
         extra["priority"] = rule.priority
         if rule.priority_expr:
-            fn = comp(rule.priority_expr, "priority_expr", None)
+            fn = comp(rule.priority_expr, "priority_expr", None, "priority_expr")
             if fn is not None and fn.type not in (INT, DOUBLE):
-                problem(src, rule.name, f"priority_expr must be int or double, not {fn.type}",
-                        rule.priority_expr, what="priority_expr")  # fmt: skip
+                problem(src, rule.name, f"expression must evaluate to int or double, but its type is {fn.type}",
+                        where("priority_expr"), rule.priority_expr, what="priority_expr")  # fmt: skip
                 ok = False
             extra["priority_fn"] = fn
         if not (rule.tier or rule.tier_expr or rule.ttl or rule.ttl_expr or rule.priority is not None
                 or rule.priority_expr):  # fmt: skip
-            problem(src, rule.name, "a place rule must set at least one of tier, ttl, priority (or their _expr)")
+            problem(src, rule.name, "a place rule must set at least one of tier, ttl, priority (or their _expr)",
+                    where(None))  # fmt: skip
             ok = False
     if kind == "share":
         extra["scope"] = rule.scope

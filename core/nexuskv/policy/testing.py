@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 from attrs import define
 
 from nexuskv.contracts import Predicted, Request, StateDescriptor, from_dict
@@ -49,33 +50,75 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_activation(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Native activation values from partial JSON-like inputs (`state`, `request`, `match`, `cost`, ...)."""
+def build_activation(inputs: Mapping[str, Any], kind: str | None = None) -> dict[str, Any]:
+    """Native activation values from partial JSON-like inputs (`state`, `request`, `match`, `cost`, ...).
+
+    With `kind`, what that kind's rules see is completed: the sample `state` for admit and place, zero `cost`
+    and the candidate's `tier` for reuse; a reuse or share case must give its `match`.
+    """
     act: dict[str, Any] = {}
     unknown = set(inputs) - {"state", "request", "match", "cost", "tier", "node", "now"}
     if unknown:
         raise ContractError("policy test input", [(k, "unknown input (state, request, match, cost, tier, node, "
                                                       "now)") for k in sorted(unknown)])  # fmt: skip
-    act["request"] = from_dict(Request, _merge(sample_request(), inputs.get("request", {})))
+    act["request"] = _contract("request", Request, sample_request(), inputs.get("request", {}))
     if "state" in inputs:
-        act["state"] = from_dict(StateDescriptor, _merge(sample_state(), inputs["state"]))
+        act["state"] = _contract("state", StateDescriptor, sample_state(), inputs["state"])
     if "match" in inputs:
-        try:
-            act["match"] = Candidate(**inputs["match"])
-        except TypeError as exc:
-            raise ContractError("policy test input", [("match", str(exc))]) from None
+        act["match"] = _plain("match", Candidate, inputs["match"])
     if "cost" in inputs:
-        try:
-            act["cost"] = Predicted(**inputs["cost"])
-        except TypeError as exc:
-            raise ContractError("policy test input", [("cost", str(exc))]) from None
+        act["cost"] = _plain("cost", Predicted, inputs["cost"])
     for k in ("tier", "node"):
         if k in inputs:
             act[k] = str(inputs[k])
     if "now" in inputs:
         now = inputs["now"]
         act["now"] = now if isinstance(now, _dt.datetime) else _dt.datetime.fromisoformat(str(now))
+    if kind in ("admit", "place") and "state" not in act:
+        act["state"] = from_dict(StateDescriptor, sample_state())
+    if kind in ("reuse", "share") and "match" not in act:
+        raise ContractError("policy test input", [("match", f"required for {kind} cases (at least `tokens`)")])
+    if kind == "reuse":
+        act.setdefault("cost", Predicted())
+        act.setdefault("tier", act["match"].tier)
     return act
+
+
+def _contract(name: str, cls: type[Any], base: dict[str, Any], over: Any) -> Any:
+    """A contract object from a partial dict merged over a sample; problems name the input path (`state.nbyts`)."""
+    if not isinstance(over, Mapping):
+        raise ContractError("policy test input", [(name, f"expected a table, got {type(over).__name__}")])
+    try:
+        return from_dict(cls, _merge(base, over))
+    except ContractError as exc:
+        raise ContractError("policy test input", [(f"{name}.{p}", m) for p, m in exc.problems]) from None
+
+
+_JSON_TYPES: dict[Any, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+_JSON_TYPES.update({int: (int,), float: (int, float), str: (str,), bool: (bool,)})
+
+
+def _plain(name: str, cls: type[Any], data: Any) -> Any:
+    """A `Candidate` / `Predicted` from a dict, with unknown fields and wrong value types named like a contract's."""
+    if not isinstance(data, Mapping):
+        raise ContractError("policy test input", [(name, f"expected a table, got {type(data).__name__}")])
+    fields = {f.name: f for f in attrs.fields(cls)}
+    problems = [(f"{name}.{k}", f"unknown field (one of {', '.join(fields)})") for k in data if k not in fields]
+    values: dict[str, Any] = {}
+    for k, v in data.items():
+        f = fields.get(k)
+        if f is None:
+            continue
+        want = _JSON_TYPES.get(f.type, ())
+        if want and (not isinstance(v, want) or (isinstance(v, bool) and bool not in want)):
+            problems.append((f"{name}.{k}", f"expected {want[-1].__name__}, got {type(v).__name__}"))
+            continue
+        values[k] = float(v) if float in want else v
+    missing = [k for k, f in fields.items() if f.default is attrs.NOTHING and k not in data]
+    problems += [(f"{name}.{k}", "required field is missing") for k in missing]
+    if problems:
+        raise ContractError("policy test input", sorted(problems))
+    return cls(**values)
 
 
 @define(frozen=True)
@@ -137,9 +180,13 @@ def _run_case(policies: Policies, file: str, name: str, case: Mapping[str, Any])
     bad_expect = set(case.get("expect", {})) - _EXPECTABLE
     if bad_expect:
         return CaseResult(file, name, False, (f"unknown expect keys {sorted(bad_expect)}",))
+    policy = str(case.get("policy", "default"))
+    if policy not in policies.sets:  # a typo must not silently test the default policy
+        have = ", ".join(policies.tenants())
+        return CaseResult(file, name, False, (f"unknown policy {policy!r} (have: {have})",))
     try:
-        ps = policies.for_tenant(str(case.get("policy", "default")))
-        act = build_activation(case.get("input", {}))
+        ps = policies.for_tenant(policy)
+        act = build_activation(case.get("input", {}), str(case.get("kind", "")))
         verdict = ps.evaluate(str(case.get("kind", "")), act)
     except (ContractError, ValueError) as exc:
         return CaseResult(file, name, False, (str(exc),))
