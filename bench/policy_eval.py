@@ -12,13 +12,11 @@ import statistics
 import sys
 import timeit
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-import celpy
-
-from pathlib import Path
-
 import attrs
+import celpy
 
 from nexuskv import contracts as c
 from nexuskv.policy import BOOL, Env, compile_expr, message_type

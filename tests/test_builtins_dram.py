@@ -33,7 +33,7 @@ def test_put_get_delete_zero_copy():
 def test_evicts_lowest_priority_then_lru_and_calls_back():
     evicted = []
     st_ = DramStore(30)
-    st_.set_eviction_callback(lambda slot, desc: evicted.append(slot))
+    st_.set_eviction_callback(lambda slot, desc, data: evicted.append(slot))
     st_.put(s(1), b"x" * 10, D, priority=5)
     st_.put(s(2), b"x" * 10, D, priority=1)
     st_.put(s(3), b"x" * 10, D, priority=1)
@@ -48,7 +48,7 @@ def test_evicts_lowest_priority_then_lru_and_calls_back():
 def test_refuses_what_cannot_fit_without_evicting_higher_priority():
     evicted = []
     st_ = DramStore(20)
-    st_.set_eviction_callback(lambda slot, desc: evicted.append(slot))
+    st_.set_eviction_callback(lambda slot, desc, data: evicted.append(slot))
     st_.put(s(1), b"x" * 15, D, priority=9)
     assert not st_.put(s(2), b"x" * 10, D, priority=1)
     assert not st_.put(s(3), b"x" * 21, D, priority=99)
@@ -68,7 +68,7 @@ def test_replacing_a_slot_that_no_longer_fits_keeps_the_old_payload():
 def test_never_exceeds_capacity_and_accounting_is_exact(ops):
     evicted = []
     st_ = DramStore(100)
-    st_.set_eviction_callback(lambda slot, desc: evicted.append(slot))
+    st_.set_eviction_callback(lambda slot, desc, data: evicted.append(slot))
     for key, size, prio in ops:
         st_.put(s(key), bytes(size), D, prio)
         assert st_.used_bytes() <= 100

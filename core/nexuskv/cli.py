@@ -200,7 +200,7 @@ def policy_explain(file: Path, input_file: str, kind: str | None) -> None:
     functions = _functions()
     try:
         ps = Policies.load(root, functions).for_tenant(model.name)
-        act = build_activation(data)
+        act = build_activation(data, kind=kind)
     except (PolicyError, ContractError) as exc:
         raise click.ClickException(str(exc)) from None
     traces, verdict = explain(ps, kind, act, functions)
@@ -221,6 +221,94 @@ def keys_cmd(request_file: str, page_size: int) -> None:
         raise click.ClickException(str(exc)) from None
     for i, k in enumerate(keyer.request_keys(req)):
         click.echo(f"{i:>6} [{i * page_size}, {(i + 1) * page_size}) {k.hex()}")
+
+
+def _scales(values: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for v in values:
+        tier, sep, factor = v.partition("=")
+        try:
+            out[tier] = float(factor)
+        except ValueError:
+            raise click.BadParameter(f"{v!r}: expected TIER=FACTOR, e.g. disk=0.1") from None
+        if not sep or out[tier] <= 0:
+            raise click.BadParameter(f"{v!r}: expected TIER=FACTOR with FACTOR > 0")
+    return out
+
+
+_PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "replay-llama-8b-gpu.json")
+
+
+@cli.command("replay")
+@click.argument("trace", type=click.Path(dir_okay=False, exists=True))
+@click.option("--profile", default=_PROFILE, show_default=True, type=click.Path(dir_okay=False, exists=True),
+              help="Cost profile of the simulated engine.")
+@click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--dram-blocks", default=2000, show_default=True, help="DRAM tier capacity in 512-token blocks.")
+@click.option("--disk-blocks", default=20000, show_default=True, help="Disk tier capacity in blocks.")
+@click.option("--redis-blocks", default=100000, show_default=True, help="Redis tier capacity in blocks.")
+@click.option("--scale-bandwidth", "scale", multiple=True, metavar="TIER=FACTOR",
+              help="Scale a tier's bandwidth (a congested link: disk=0.05). Repeatable.")
+@click.option("--policies", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Policy directory for the NexusKV strategy (default: none, pure cost).")  # fmt: skip
+def replay_cmd(trace: str, profile: str, limit: int | None, dram_blocks: int, disk_blocks: int,
+               redis_blocks: int, scale: tuple[str, ...], policies: str | None) -> None:  # fmt: skip
+    """Replay a Mooncake-format TRACE: NexusKV vs never-reuse vs always-reuse, simulated TTFT from the profile."""
+    import itertools
+
+    from nexuskv.replay import read_trace, replay, summary
+
+    try:
+        records = list(itertools.islice(read_trace(trace), limit))
+    except ContractError as exc:
+        raise click.ClickException(str(exc)) from None
+    tiers = {"dram": dram_blocks, "disk": disk_blocks, "redis": redis_blocks}
+    results = replay(records, profile_path=profile, tier_blocks=tiers, bandwidth_scale=_scales(scale),
+                     policies=policies)  # fmt: skip
+    click.echo(f"{len(records)} requests from {trace}; tiers (blocks) {tiers}; bandwidth scale {_scales(scale)}")
+    click.echo(summary(results))
+    best = min(results["never"].mean_ttft_ms, results["always"].mean_ttft_ms)
+    click.echo(f"NexusKV mean TTFT / best baseline: {results['nexuskv'].mean_ttft_ms / best:.3f}")
+
+
+@cli.command("gen-trace")
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("-n", "--requests", default=400, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--rate", default=4.0, show_default=True, help="Mean arrivals per second.")
+@click.option("--mix", default="chat=0.35,rag=0.3,agent=0.15,unique=0.2", show_default=True,
+              help="Workload weights: chat, rag, agent, unique.")  # fmt: skip
+def gen_trace_cmd(out: str, requests: int, seed: int, rate: float, mix: str) -> None:
+    """Write a synthetic Mooncake-format trace: multi-turn chat, RAG over shared documents, agents, unique."""
+    from nexuskv.replay import generate, write_trace
+
+    weights = _scales(tuple(mix.split(",")))
+    unknown = set(weights) - {"chat", "rag", "agent", "unique"}
+    if unknown:
+        raise click.BadParameter(f"unknown workloads {sorted(unknown)} (chat, rag, agent, unique)")
+    n = write_trace(generate(requests, seed=seed, mix=weights, rate_per_s=rate), out)
+    click.echo(f"wrote {n} requests to {out}")
+
+
+@cli.command("plan")
+@click.option("--request", "request_file", required=True, type=click.Path(dir_okay=False), help="Request JSON.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Kernel config TOML (default: an embedded kernel with the default profile).")  # fmt: skip
+def plan_cmd(request_file: str, config_file: str | None) -> None:
+    """Print the plan for a request, and why (against the kernel's current, here empty, index)."""
+    from nexuskv.contracts import to_dict
+    from nexuskv.kernel import Kernel
+
+    try:
+        req = from_dict(Request, _read_json(request_file))
+        kernel = Kernel.from_config(config_file) if config_file else Kernel()
+    except NexusKVError as exc:
+        raise click.ClickException(str(exc)) from None
+    with kernel:
+        plan = kernel.plan(req)
+    click.echo(json.dumps(to_dict(plan), indent=2))
+    for r in plan.reasons:
+        click.echo(f"why: {r}", err=True)
 
 
 @cli.command("demo")

@@ -31,8 +31,12 @@ class StoredState:
     descriptor: StateDescriptor
 
 
-EvictionCallback = Callable[[bytes, StateDescriptor], None]
-"""Called with (slot, descriptor) after a store dropped a payload to make room."""
+EvictionCallback = Callable[[bytes, StateDescriptor, "bytes | memoryview | None"], None]
+"""Called with (slot, descriptor, payload) after a store dropped a payload to make room.
+
+`payload` is the dropped bytes when the store still has them at hand (so the kernel can demote them to a lower
+tier), else None.
+"""
 
 
 @runtime_checkable

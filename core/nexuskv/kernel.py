@@ -14,6 +14,7 @@ import collections
 import concurrent.futures
 import contextlib
 import os
+import queue
 import threading
 import time
 import tomllib
@@ -30,7 +31,7 @@ from nexuskv.cost import CostModel, load_profile
 from nexuskv.errors import ChecksumError, ConfigError
 from nexuskv.health import Health
 from nexuskv.identity import BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
-from nexuskv.index import Location, Match, Matcher
+from nexuskv.index import DictIndex, Location, Match, Matcher
 from nexuskv.interfaces import ControlPlane, StoredState, TierStore, Transport, slot_of
 from nexuskv.kinds import group_masks
 from nexuskv.logs import configure_logging, get_logger
@@ -78,6 +79,7 @@ class KernelConfig:
     breaker_cooldown_s: float = 5.0
     session_cache: int = 1024
     bandwidth_scale: dict[str, float] = field(factory=dict)
+    demote: bool = True
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], origin: str = "<config>") -> KernelConfig:
@@ -205,7 +207,16 @@ class Kernel:
         self._heartbeat = threading.Thread(target=self._beat, name="nexuskv-heartbeat", daemon=True)
         self._heartbeat.start()
         self.bandwidth_scale: dict[str, float] = dict(self.config.bandwidth_scale)
+        self.link_load: dict[str, float] = {}
+        self._recent_prefetch: dict[tuple[bytes, int, str], float] = {}
         self.decisions = 0
+        self._inline_matcher = type(self.index) is DictIndex  # the builtin is pure, bounded Python
+        self._watchdog = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="nexuskv-watchdog")
+        self._observers = bool(self.plugins.pm.hook.nexuskv_observe_decision.get_hookimpls())
+        self._observed: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=10_000)
+        self.observer_drops = 0
+        self._observer_thread = threading.Thread(target=self._observe, name="nexuskv-observers", daemon=True)
+        self._observer_thread.start()
         log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
                  policies=self.policies.tenants() if self.policies else [],
                  plugin_problems=len(self.plugins.problems))  # fmt: skip
@@ -244,11 +255,35 @@ class Kernel:
         return {name: factories[name]() for name in self.config.transports}
 
     def _evicted_from(self, tier: str) -> Any:
-        def on_evict(slot: bytes, descriptor: StateDescriptor) -> None:
+        def on_evict(slot: bytes, descriptor: StateDescriptor, payload: bytes | memoryview | None = None) -> None:
             loc = Location(tier, descriptor.placement.node, descriptor.placement.epoch)
             self.index.remove(slot[:-1], loc, 1 << slot[-1])
+            if payload is not None and self.config.demote:
+                self._demote(tier, descriptor, payload)
 
         return on_evict
+
+    def default_priority(self, descriptor: StateDescriptor) -> float:
+        """Eviction priority when no `place` rule gives one: cost-aware, leaf first.
+
+        The recompute time the model saves per byte of state (from the cost profile, so state of a model that is
+        expensive to prefill outlives cheap state), minus a tiny amount per token of depth, so that within one
+        prefix the deepest blocks go first and a prefix is never broken in the middle.
+        """
+        page = self.keyer.page_size
+        return self.cost.value_per_byte(page, page, descriptor.usage.hits) * 1e6 - descriptor.span.end * 1e-9
+
+    def _demote(self, tier: str, descriptor: StateDescriptor, payload: bytes | memoryview) -> None:
+        """Move an evicted payload one tier down (in cost order) instead of losing it, where it fits."""
+        order = getattr(self, "tier_order", ())
+        if tier not in order or order.index(tier) + 1 >= len(order):
+            return
+        lower = order[order.index(tier) + 1]
+        desc = attrs.evolve(descriptor, placement=Placement(lower, self.node, self.epoch))
+        try:
+            self.put(desc, payload, priority=self.default_priority(desc))
+        except Exception as exc:  # a failing lower tier loses the payload, never the request
+            self.health.breaker(lower).failure(f"demotion put failed: {exc!r}")
 
     # ------------------------------------------------------------------------------------------ read path
 
@@ -448,18 +483,22 @@ class Kernel:
             if time.perf_counter() - t0 > budget / 1e3:
                 return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed after {stage}")
             stage = "match"
-            match = self.index.match(keys, request.layout)
+            if self._inline_matcher:
+                match = self.index.match(keys, request.layout)
+            else:  # a plugin matcher runs under a watchdog: a hung plugin costs the deadline, never more
+                left = budget / 1e3 - (time.perf_counter() - t0)
+                future = self._watchdog.submit(self.index.match, keys, request.layout)
+                try:
+                    match = future.result(timeout=max(left, 0.0))
+                except concurrent.futures.TimeoutError:
+                    return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed in the matcher")
             stage = "policy"
             policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
             stage = "plan"
             decision = decide(self.planner, request, match, policy, node=request.node or self.node,
                               decision_id=decision_id, epoch=self.epoch,
-                              inflight=self.prefetcher.inflight_bytes(), bandwidth_scale=self.bandwidth_scale,
+                              inflight=self._inflight(), bandwidth_scale=self.bandwidth_scale,
                               prefetch_target=self.tier_order[0] if len(self.tier_order) > 1 else "")  # fmt: skip
-            elapsed = time.perf_counter() - t0
-            if elapsed > budget / 1e3:
-                return self._fallback(request, decision_id, t0,
-                                      f"deadline {budget:g} ms passed after {stage} ({elapsed * 1e3:.2f} ms)")
         except Exception as exc:
             log.exception("planning failed", stage=stage, request_id=request.request_id)
             return self._fallback(request, decision_id, t0, f"{stage} failed: {type(exc).__name__}: {exc}")
@@ -467,6 +506,12 @@ class Kernel:
             self._schedule_prefetch(request, keys, decision.plan)
         self._log_decision(decision.plan, t0)
         return decision.plan
+
+    def _inflight(self) -> dict[str, float]:
+        out: dict[str, float] = dict(self.link_load)
+        for tier, n in self.prefetcher.inflight_bytes().items():
+            out[tier] = out.get(tier, 0.0) + n
+        return out
 
     async def aplan(self, request: Request, **kwargs: Any) -> Plan:
         """`plan` for asyncio callers (it is CPU-bound and bounded by the deadline, so it runs inline)."""
@@ -487,8 +532,19 @@ class Kernel:
                   "epoch": plan.epoch, "rules": list(plan.rules), "reasons": list(plan.reasons),
                   "predicted": to_dict(plan.predicted), "plan_ms": round((time.perf_counter() - t0) * 1e3, 4),
                   "fallback": fallback}  # fmt: skip
-        log.info("decision", **record)
-        self.plugins.observe_decision(record)
+        try:  # rendering and observers run off the hot path
+            self._observed.put_nowait(record)
+        except queue.Full:
+            self.observer_drops += 1  # the log is slower than decisions: drop and count, never wait
+
+    def _observe(self) -> None:
+        while True:
+            record = self._observed.get()
+            if record is None:
+                return
+            log.info("decision", **record)
+            if self._observers:
+                self.plugins.observe_decision(record)
 
     # ------------------------------------------------------------------------------------------ write path
 
@@ -542,9 +598,8 @@ class Kernel:
         if tier not in self.tiers:
             log.warning("place rule names an unknown tier; using the fastest", tier=tier, fallback=first)
             tier = first
-        if priority is None:  # cost-aware default: recompute saved per byte, deeper blocks evicted first
-            page = request.layout.page_size
-            priority = self.cost.value_per_byte(page, page) * 1e6 - desc.span.end * 1e-9
+        if priority is None:
+            priority = self.default_priority(desc)
         if tier != first:
             desc = attrs.evolve(desc, placement=Placement(tier, self.node, self.epoch))
         breaker = self.health.breaker(tier)
@@ -643,7 +698,14 @@ class Kernel:
     def _schedule_prefetch(self, request: Request, keys: Sequence[bytes], plan: Plan) -> None:
         page = request.layout.page_size
         block_bytes = self.cost.bytes_per_token * page
+        now = time.monotonic()
+        if len(self._recent_prefetch) > 10_000:
+            self._recent_prefetch = {k: v for k, v in self._recent_prefetch.items() if v > now}
         for span in plan.prefetch:
+            first = (keys[span.start // page], span.end, span.target_tier)
+            if self._recent_prefetch.get(first, 0.0) > now:
+                continue  # asked for moments ago (the same session's next turn, a shared prefix): deduplicated
+            self._recent_prefetch[first] = now + self.config.prefetch_deadline_s
             slots = [slot_of(keys[b], g) for b in range(span.start // page, span.end // page)
                      for g in range(len(request.layout.groups))]  # fmt: skip
             self.prefetcher.submit(request.tenant, slots, span.tier, span.target_tier, block_bytes,
@@ -666,6 +728,10 @@ class Kernel:
     def close(self) -> None:
         """Stop the workers, then release tiers, transports and the control-plane lease."""
         self._stop.set()
+        with contextlib.suppress(queue.Full):
+            self._observed.put_nowait(None)
+        self._observer_thread.join(2.0)
+        self._watchdog.shutdown(wait=False, cancel_futures=True)
         self.prefetcher.close()
         self.writer.close()
         self._loader.shutdown(wait=False, cancel_futures=True)

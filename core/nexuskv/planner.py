@@ -96,46 +96,49 @@ class Planner:
         limit = min(len(entries), len(request.token_ids) // layout.page_size)
         if max_blocks is not None:
             limit = min(limit, max_blocks)
-        # Fastest healthy source of each block's paged groups; holdings are interned, so compute once each.
-        cache: dict[int, tuple[int, str, str] | None] = {}
-        srcs: list[tuple[int, str, str] | None] = []
-        for h in entries[:limit]:
-            k = id(h)
-            if k not in cache:
-                cache[k] = self._best_source(h, paged, node) if paged else (0, "", "")
-            srcs.append(cache[k])
+        # Fastest healthy source of each block's paged groups. Holdings are interned and few, so price each
+        # distinct one once and map blocks to sources at C speed.
+        # Each block becomes one byte naming its source, so runs and the first gap are found by bytes methods.
+        sources: list[tuple[str, str]] = []
+        code_of: dict[Holding | None, int] = {}
+        for h in match.distinct:
+            s = self._best_source(h, paged, node) if paged else (0, "", "")
+            src = (s[1], s[2]) if s is not None else ("", "")
+            if src not in sources:
+                sources.append(src)
+            code_of[h] = sources.index(src)
+        if len(sources) > 255:  # pragma: no cover - more than 255 distinct sources for one request
+            raise ValueError("too many distinct sources in one match")
+        codes = bytes(map(code_of.__getitem__, entries[:limit]))
+        gap = sources.index(("", "")) if ("", "") in sources else -1
         # Paged groups cannot skip a block: the usable prefix ends at the first block without a source.
-        end = srcs.index(None) if None in srcs else len(srcs)
-        cuts: set[int] = {end} if not ckpt else set()
-        for i in range(1, end):
-            if srcs[i][0] != srcs[i - 1][0]:  # type: ignore[index]
-                cuts.add(i)
+        end = codes.find(bytes((gap,))) if gap >= 0 else len(codes)
+        end = len(codes) if end < 0 else end
+        runs: list[tuple[int, int, str, str]] = []
+        start = 0
+        while start < end:
+            rest = codes[start:end]
+            n = len(rest) - len(rest.lstrip(rest[:1]))
+            runs.append((start, start + n, *sources[codes[start]]))
+            start += n
+        cuts = {r[0] for r in runs[1:]} | {end}  # tier boundaries, and the longest cut
         if ckpt:  # checkpointed groups: only blocks with a checkpoint (of every such group) are cuts
             ck = [b for b in range(1, end + 1) if self._best_source(entries[b - 1], ckpt, node) is not None]
-            marks = sorted(cuts | {end})
-            cuts = {max((b for b in ck if b <= m), default=0) for m in marks}
-        out = [self._price(0, [], node=node, page=layout.page_size)]
+            cuts = {max((b for b in ck if b <= m), default=0) for m in cuts}
+        scale = bandwidth_scale
+        out = [self._price(0, (), node, inflight, scale, layout.page_size, entries, ckpt)]
         for b in sorted(c for c in cuts if c > 0):
-            out.append(self._price(b, srcs, node=node, inflight=inflight, scale=bandwidth_scale,
-                                   page=layout.page_size, entries=entries, ckpt=ckpt))  # fmt: skip
+            cut_runs = tuple((f, min(e, b), t, n) for f, e, t, n in runs if f < b and t)
+            out.append(self._price(b, cut_runs, node, inflight, scale, layout.page_size, entries, ckpt))
         return out
 
-    def _price(self, blocks: int, srcs: Sequence[Any], node: str = "",
-               inflight: Mapping[str, float] | None = None, scale: Mapping[str, float] | None = None,
-               page: int = 16, entries: Sequence[Holding | None] = (), ckpt: int = 0) -> Candidate:  # fmt: skip
-        runs: list[tuple[int, int, str, str]] = []
-        for i in range(blocks):
-            s = srcs[i]
-            tier, where = (s[1], s[2]) if s and s[1] else ("", "")
-            if runs and runs[-1][2] == tier and runs[-1][3] == where:
-                runs[-1] = (runs[-1][0], i + 1, tier, where)
-            else:
-                runs.append((i, i + 1, tier, where))
+    def _price(self, blocks: int, runs: tuple[tuple[int, int, str, str], ...], node: str,
+               inflight: Mapping[str, float] | None, scale: Mapping[str, float] | None, page: int,
+               entries: Sequence[Holding | None], ckpt: int) -> Candidate:  # fmt: skip
         if ckpt and blocks:
             c = self._best_source(entries[blocks - 1], ckpt, node)
             if c is not None:
-                runs.append((blocks - 1, blocks, c[1], c[2]))
-        runs = [r for r in runs if r[2]]
+                runs = (*runs, (blocks - 1, blocks, c[1], c[2]))
         block_bytes = self.cost.bytes_per_token * page
         per_tier: dict[str, int] = {}
         for first, end, tier, _ in runs:
@@ -143,7 +146,7 @@ class Planner:
         transfer = sum(self.cost.transfer_ms(n * block_bytes, t, transport=self.transport, inflight=inflight,
                                              bandwidth_scale=scale) for t, n in sorted(per_tier.items()))  # fmt: skip
         terms = self.cost.terms(blocks * page, transfer, blocks)
-        return Candidate(blocks, tuple(runs), terms.t_recompute_ms, terms.t_lookup_ms, terms.t_transfer_ms,
+        return Candidate(blocks, runs, terms.t_recompute_ms, terms.t_lookup_ms, terms.t_transfer_ms,
                          terms.t_mount_ms)  # fmt: skip
 
 

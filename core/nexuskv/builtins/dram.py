@@ -34,13 +34,13 @@ class DramStore:
         self.evictions = 0
 
     def set_eviction_callback(self, callback: EvictionCallback | None) -> None:
-        """Be told (slot, descriptor) about every eviction."""
+        """Be told (slot, descriptor, payload) about every eviction."""
         self._on_evict = callback
 
     def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0) -> bool:
         """Store a copy of `payload`; evict lower-priority payloads to make room. False if it cannot fit."""
         data = bytes(payload)
-        evicted: list[tuple[bytes, StateDescriptor]] = []
+        evicted: list[tuple[bytes, StateDescriptor, bytes]] = []
         with self._lock:
             old = self._items.pop(slot, None)
             if old is not None:
@@ -59,7 +59,7 @@ class DramStore:
         self._notify(evicted)
         return ok
 
-    def _make_room(self, need: int, priority: float, evicted: list[tuple[bytes, StateDescriptor]]) -> bool:
+    def _make_room(self, need: int, priority: float, evicted: list[tuple[bytes, StateDescriptor, bytes]]) -> bool:
         # First check that evicting only lower-or-equal priority payloads frees enough, then evict.
         if self._used + need > self.capacity_bytes:
             free_able = sum(len(d) for d, _, p, _ in self._items.values() if p <= priority)
@@ -73,14 +73,14 @@ class DramStore:
             del self._items[slot]
             self._used -= len(item[0])
             self.evictions += 1
-            evicted.append((slot, item[1]))
+            evicted.append((slot, item[1], item[0]))
         return True
 
-    def _notify(self, evicted: list[tuple[bytes, StateDescriptor]]) -> None:
+    def _notify(self, evicted: list[tuple[bytes, StateDescriptor, bytes]]) -> None:
         cb = self._on_evict
         if cb is not None:
-            for slot, desc in evicted:
-                cb(slot, desc)
+            for slot, desc, data in evicted:
+                cb(slot, desc, data)
 
     def get(self, slot: bytes) -> StoredState | None:
         """The payload (a read-only memoryview) and descriptor of `slot`, or None."""

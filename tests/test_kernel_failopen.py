@@ -1,0 +1,320 @@
+"""Fail-open: faulty plugins (fakes that only inject a fault) never make plan() wait past its deadline, never
+restore wrong state, and never stop the kernel from serving."""
+
+import threading
+import time
+
+import pytest
+
+from nexuskv import Kernel, KernelConfig, PlanAction, PluginManager, hookimpl
+from nexuskv.builtins.dram import DramStore
+from nexuskv.kernel import LoadReport
+from tests.conftest import SECRET, make_request
+
+RELEASE = threading.Event()
+
+
+class HangingStore(DramStore):
+    """Stores fine, then every read hangs (a dead NFS mount, a stuck driver)."""
+
+    def get(self, slot):
+        RELEASE.wait(30)
+        return super().get(slot)
+
+
+class RaisingStore(DramStore):
+    def get(self, slot):
+        raise OSError("EIO: device error")
+
+
+class CorruptStore(DramStore):
+    """Returns payloads with one flipped byte (bit rot, a torn write)."""
+
+    def get(self, slot):
+        got = super().get(slot)
+        if got is None:
+            return None
+        data = bytearray(got.payload)
+        data[len(data) // 2] ^= 0xFF
+        return type(got)(bytes(data), got.descriptor)
+
+
+class FaultyStores:
+    @hookimpl
+    def nexuskv_register_tier_stores(self, register):
+        register("hang", HangingStore)
+        register("raise", RaisingStore)
+        register("corrupt", CorruptStore)
+
+
+def kernel_with(store: str, **cfg) -> Kernel:
+    pm = PluginManager(entry_points=False)
+    pm.register(FaultyStores(), "faulty")
+    config = KernelConfig(node="n1", tiers={"dram": {"store": store, "capacity_bytes": "8MiB"}},
+                          load_timeout_ms=100, **cfg)
+    return Kernel(config, plugins=pm, secret=SECRET)
+
+
+def stored(kernel: Kernel, tokens=range(320)):
+    req = make_request(tokens)
+    keys = kernel.keys(req)
+    kernel.commit(req, [bytes([i]) * 4096 for i in range(len(keys))], keys=keys)
+    assert kernel.flush(5)
+    return req, keys
+
+
+@pytest.fixture(autouse=True)
+def _release():
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+
+
+def timed(fn, *args, **kw):
+    t0 = time.perf_counter()
+    out = fn(*args, **kw)
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+def test_hanging_tier_gives_recompute_within_the_timeout_and_the_kernel_keeps_serving():
+    k = kernel_with("hang")
+    try:
+        req, keys = stored(k)
+        plan = k.plan(req, keys=keys)
+        assert plan.action == PlanAction.MATERIALIZE  # the index says the state is there
+        got, ms = timed(k.materialize, plan, req, keys=keys)
+        assert got.blocks == 0 and got.tokens == 0 and "timed out" in got.reason
+        assert ms < 5_000  # bounded by load_timeout_ms (100 ms), not by the hang (30 s)
+        assert k.health.breaker("dram").state == "open"
+        again = k.plan(req, keys=keys)
+        assert again.action == PlanAction.RECOMPUTE and again.tokens_reused == 0
+        other = k.plan(make_request(range(1000, 1100), tenant="globex"))
+        assert other.action == PlanAction.RECOMPUTE  # still serving other requests
+    finally:
+        RELEASE.set()
+        k.close()
+
+
+def test_raising_tier_gives_recompute_and_trips_its_breaker():
+    k = kernel_with("raise", breaker_threshold=2)
+    try:
+        req, keys = stored(k)
+        for _ in range(2):
+            plan = k.plan(req, keys=keys)
+            assert plan.action == PlanAction.MATERIALIZE
+            got = k.materialize(plan, req, keys=keys)
+            assert got.tokens == 0 and "EIO" in got.reason
+        assert k.health.breaker("dram").state == "open"
+        plan = k.plan(req, keys=keys)
+        assert plan.action == PlanAction.RECOMPUTE
+    finally:
+        k.close()
+
+
+def test_corrupt_bytes_are_never_restored_and_are_quarantined():
+    k = kernel_with("corrupt")
+    try:
+        req, keys = stored(k)
+        plan = k.plan(req, keys=keys)
+        got = k.materialize(plan, req, keys=keys)
+        assert got.blocks == 0 and got.states == {}
+        assert k.index.get(keys[0]) is None  # quarantined: no later plan will use it
+        assert k.plan(req, keys=keys).action == PlanAction.RECOMPUTE
+    finally:
+        k.close()
+
+
+def test_connector_reported_corruption_quarantines_and_says_where_to_recompute_from(kernel):
+    req = make_request(range(320))
+    keys = kernel.keys(req)
+    kernel.commit(req, [bytes([i]) * 4096 for i in range(len(keys))], keys=keys)
+    assert kernel.flush(5)
+    plan = kernel.plan(req, keys=keys)
+    assert plan.tokens_reused == 320
+    frm = kernel.report_load_result(plan, LoadReport(ok=False, failed_block=7, tier="dram", corrupt=True,
+                                                     reason="checksum mismatch in engine"), keys=keys)
+    assert frm == 7 * 16
+    assert kernel.index.get(keys[7]) is None
+    assert kernel.health.breaker("dram").state == "open"
+    assert kernel.report_load_result(plan, LoadReport(ok=True)) == 320
+    assert kernel.health.breaker("dram").state == "closed"
+
+
+class DownControlPlane:
+    def __init__(self, fail_from: int = 0):
+        self.calls = 0
+        self.fail_from = fail_from
+        self._epoch = 0
+
+    def _maybe_fail(self):
+        self.calls += 1
+        if self.calls > self.fail_from:
+            raise ConnectionError("etcd: connection refused")
+
+    def epoch(self):
+        return self._epoch
+
+    def bump_epoch(self):
+        self._epoch += 1
+        return self._epoch
+
+    def grant(self, ttl_s):
+        from nexuskv import Lease
+
+        self._maybe_fail()
+        return Lease(lease_id=1, ttl_s=ttl_s)
+
+    def keepalive(self, lease_id):
+        self._maybe_fail()
+        return True
+
+    def revoke(self, lease_id):
+        pass
+
+    def alive(self, lease_id):
+        return True
+
+    def join(self, node, lease_id):
+        self._maybe_fail()
+        return self.bump_epoch()
+
+    def members(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def control_plugin(cp):
+    class Plugin:
+        @hookimpl(tryfirst=True)
+        def nexuskv_control_plane(self, config):
+            return cp
+
+    pm = PluginManager(entry_points=False)
+    pm.register(Plugin(), "down-cp")
+    return pm
+
+
+def test_control_plane_down_at_start_kernel_starts_and_recomputes():
+    k = Kernel(KernelConfig(node="n1"), plugins=control_plugin(DownControlPlane()), secret=SECRET)
+    try:
+        req, keys = stored(k)  # the write path still works: state is kept for when the plane is back
+        plan, _ = timed(k.plan, req, keys=keys)
+        assert plan.action == PlanAction.RECOMPUTE
+        assert any("control plane unavailable" in r and "connection refused" in r for r in plan.reasons)
+    finally:
+        k.close()
+
+
+def test_control_plane_dying_later_turns_plans_into_recompute():
+    cp = DownControlPlane(fail_from=2)  # grant and join succeed, the first keepalive fails
+    k = Kernel(KernelConfig(node="n1", lease_ttl_s=0.3), plugins=control_plugin(cp), secret=SECRET)
+    try:
+        req, keys = stored(k)
+        assert k.plan(req, keys=keys).action == PlanAction.MATERIALIZE
+        deadline = time.monotonic() + 5
+        while k.control_ok() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        plan = k.plan(req, keys=keys)
+        assert plan.action == PlanAction.RECOMPUTE and "control plane unavailable" in plan.reasons[0]
+    finally:
+        k.close()
+
+
+class SlowMatcher:
+    def __init__(self, inner, delay):
+        self.inner, self.delay = inner, delay
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def match(self, keys, layout):
+        time.sleep(self.delay)
+        return self.inner.match(keys, layout)
+
+
+def matcher_plugin(make):
+    class Plugin:
+        @hookimpl(tryfirst=True)
+        def nexuskv_matcher(self, config):
+            return make()
+
+    pm = PluginManager(entry_points=False)
+    pm.register(Plugin(), "matcher")
+    return pm
+
+
+def test_hung_matcher_plugin_costs_the_deadline_not_more():
+    from nexuskv import DictIndex
+
+    k = Kernel(KernelConfig(node="n1", deadline_ms=20), plugins=matcher_plugin(lambda: SlowMatcher(DictIndex(), 5)),
+               secret=SECRET)
+    try:
+        plan, ms = timed(k.plan, make_request(range(64)))
+        assert plan.action == PlanAction.RECOMPUTE and "matcher" in plan.reasons[0]
+        assert ms < 2_000  # the deadline is 20 ms; the hang is 5 s
+    finally:
+        k.close()
+
+
+def test_raising_matcher_plugin_gives_recompute_with_the_reason():
+    class Broken:
+        def match(self, keys, layout):
+            raise RuntimeError("native matcher segfaulted (simulated)")
+
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    k = Kernel(KernelConfig(node="n1"), plugins=matcher_plugin(Broken), secret=SECRET)
+    try:
+        plan = k.plan(make_request(range(64)))
+        assert plan.action == PlanAction.RECOMPUTE
+        assert "match failed" in plan.reasons[0] and "segfaulted" in plan.reasons[0]
+    finally:
+        k.close()
+
+
+def test_hung_decision_observer_never_delays_plans():
+    gate = threading.Event()
+
+    class Slow:
+        @hookimpl
+        def nexuskv_observe_decision(self, decision):
+            gate.wait(30)
+
+    pm = PluginManager(entry_points=False)
+    pm.register(Slow(), "slow-observer")
+    k = Kernel(KernelConfig(node="n1"), plugins=pm, secret=SECRET)
+    try:
+        for i in range(20):
+            plan, _ = timed(k.plan, make_request(range(i, i + 64)))
+            assert plan.action == PlanAction.RECOMPUTE
+        assert k.decisions == 20
+    finally:
+        gate.set()
+        k.close()
+
+
+def test_writer_failures_never_reach_the_caller():
+    class PutRaises(DramStore):
+        def put(self, *a, **k):
+            raise OSError("ENOSPC: no space left on device")
+
+    class Plugin:
+        @hookimpl
+        def nexuskv_register_tier_stores(self, register):
+            register("full", PutRaises)
+
+    pm = PluginManager(entry_points=False)
+    pm.register(Plugin(), "full")
+    k = Kernel(KernelConfig(node="n1", tiers={"dram": {"store": "full"}}), plugins=pm, secret=SECRET)
+    try:
+        req = make_request(range(64))
+        res = k.commit(req, [b"x" * 100] * 4)
+        assert res.accepted == 4
+        assert k.flush(5)
+        assert k.writer.stats["failed"] == 4 and len(k.index) == 0
+        assert k.plan(req).action == PlanAction.RECOMPUTE
+    finally:
+        k.close()
