@@ -614,7 +614,7 @@ def test_plugin_function_registrations():
 
 
 def test_placement_and_verdict_to_log():
-    v = Verdict(kind="place", policy="p", revision="r", deciding=["x"], placement=Placement("dram", 60.0, 1.0))
+    v = Verdict(kind="place", policy="p", revision="r", deciding=("x",), placement=Placement("dram", 60.0, 1.0))
     assert v.deciding == ("x",)
     assert v.to_log() == {"kind": "place", "policy": "p", "revision": "r", "allowed": True, "deciding": ["x"],
                           "placement": {"tier": "dram", "ttl_s": 60.0, "priority": 1.0}}  # fmt: skip

@@ -366,6 +366,9 @@ def format_double(x: float, pos: int = -1) -> str:
         return "+Inf" if x > 0 else "-Inf"
     if x == 0:
         return "-0" if math.copysign(1.0, x) < 0 else "0"
+    if 1e-4 <= abs(x) < 1e6:  # fast path: Python's shortest repr is plain decimal here, as Go's %g is
+        text = repr(float(x))
+        return text[:-2] if text.endswith(".0") else text
     sign, digits, exp = Decimal(repr(float(x))).normalize().as_tuple()
     assert isinstance(exp, int)
     ds = "".join(map(str, digits))

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import builtins
 import difflib
+import io
 import math
 import re
-from collections.abc import Callable, Mapping
+import tokenize
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,7 @@ __all__ = [
     "CelTypeError",
     "Compiled",
     "compile_expr",
+    "fuse",
     "subexpressions",
 ]
 
@@ -1197,7 +1200,7 @@ class Compiled:
     `python` the generated fast code (for debugging).
     """
 
-    __slots__ = ("_exact", "_fast", "cost", "python", "source", "type")
+    __slots__ = ("_exact", "_fast", "_parts", "cost", "python", "source", "type")
 
     def __init__(
         self,
@@ -1215,10 +1218,16 @@ class Compiled:
         self.python = python
         self._fast = fast
         self._exact = exact
+        self._parts: tuple[str, dict[str, str], dict[str, Any]] | None = None  # fast code, hoists, constants
 
     def __call__(self, activation: Mapping[str, object]) -> object:
         """Evaluate; returns a native value or raises CelEvalError."""
         return self._fast(activation)
+
+    @property
+    def fn(self) -> Callable[[Mapping[str, object]], object]:
+        """The generated function itself (what `__call__` calls), for hot loops that skip the method frame."""
+        return self._fast
 
     def evaluate_exact(self, activation: Mapping[str, object]) -> object:
         """Evaluate with the exact (slow, error-absorbing) variant only; for tests and debugging."""
@@ -1297,7 +1306,83 @@ def _compile(source: str, env: Env, expect: CelType | None, cost_limit: int) -> 
     except (SyntaxError, RecursionError, MemoryError) as exc:
         raise CelSyntaxError(f"expression too complex to compile: {exc}", 1, 1, source) from None
     exec(code, g)
-    return Compiled(source, result, cost, python, g["_fast"], exact_fn)
+    compiled = Compiled(source, result, cost, python, g["_fast"], exact_fn)
+    compiled._parts = (fast_code, dict(fast_gen.hoisted), dict(consts))
+    return compiled
+
+
+def _renamed(code: str, prefix: str, names: set[str]) -> str:
+    """`code` with the NAME tokens in `names` prefixed (string literals and attributes are left alone)."""
+    out = []
+    for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+        text = tok.string
+        if tok.type == tokenize.NAME and text in names:
+            text = prefix + text
+        out.append((tok.type, text))
+    return tokenize.untokenize(out).strip()
+
+
+def inline(c: Compiled, prefix: str) -> tuple[str, list[str], dict[str, Any]]:
+    """The fast code of `c` for inlining into generated code: (expression, hoist statements, constants).
+
+    Its hoisted variables and constants are renamed with `prefix` so that several expressions can share one
+    Python frame; hoist statements read `A[...]` and may raise (the generated code must fall back then).
+    The expression's globals are `helper_globals(constants)`.
+    """
+    if c._parts is None:
+        raise ValueError(f"{c!r} was not built by compile_expr")
+    code, hoisted, kconsts = c._parts
+    names = set(hoisted.values()) | set(kconsts)
+    expr = f"({_renamed(code, prefix, names) if names else code})"
+    hoists = [f"{prefix}{py} = A[{name!r}]" for name, py in hoisted.items()]
+    return expr, hoists, {prefix + k: v for k, v in kconsts.items()}
+
+
+def helper_globals(consts: Mapping[str, Any]) -> dict[str, Any]:
+    """Globals for code built from `inline` pieces: the runtime helpers plus the given constants."""
+    return _globals(consts)
+
+
+def fuse(groups: Sequence[Sequence[Compiled]]) -> Callable[[Mapping[str, object]], tuple[object, ...] | None]:
+    """One function evaluating many conjunctions at once.
+
+    `f(A)` returns, per group, the value of `c0 and c1 and ...` (each group's expressions in order,
+    short-circuiting like the separate calls would). It runs every expression's fast code inline in one
+    Python frame (no call per expression); when anything raises it returns None, and the caller evaluates
+    group by group with each `Compiled` (exact CEL error semantics).
+    """
+    hoists: list[str] = []
+    terms: list[str] = []
+    consts: dict[str, Any] = {}
+    i = 0
+    for group in groups:
+        parts = []
+        for c in group:
+            if c._parts is None:
+                raise ValueError(f"{c!r} was not built by compile_expr")
+            code, hoisted, kconsts = c._parts
+            prefix = f"_e{i}"
+            i += 1
+            names = set(hoisted.values()) | set(kconsts)
+            parts.append(f"({_renamed(code, prefix, names) if names else code})")
+            hoists.extend(f"        {prefix}{py} = A[{name!r}]\n" for name, py in hoisted.items())
+            consts.update({prefix + k: v for k, v in kconsts.items()})
+        terms.append(" and ".join(parts) if parts else "True")
+    body = "".join(f"            {t},\n" for t in terms)
+    python = (
+        "def _fused(A):\n"
+        "    try:\n"
+        f"{''.join(hoists)}"
+        "        return (\n"
+        f"{body}"
+        "        )\n"
+        "    except Exception:\n"
+        "        return None\n"
+    )
+    g = _globals(consts)
+    exec(compile(python, "<cel fused>", "exec"), g)
+    fn: Callable[[Mapping[str, object]], tuple[object, ...] | None] = g["_fused"]
+    return fn
 
 
 def _wrap_result(result: CelType, expect: CelType | None, code: str) -> str:

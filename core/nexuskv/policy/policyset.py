@@ -16,15 +16,12 @@ from attrs import define
 
 from nexuskv.contracts import Predicted, Request, StateDescriptor
 from nexuskv.logs import get_logger
-from nexuskv.policy import _tomlpos
-from nexuskv.policy.cel import CelError, CelEvalError, Compiled, compile_expr
+from nexuskv.policy import _fastpath, _tomlpos
+from nexuskv.policy.cel import CelError, CelEvalError, Compiled, compile_expr, fuse
 from nexuskv.policy.model import (
     Candidate,
-    Effect,
     Failure,
-    PlaceEffect,
     PolicyFile,
-    ShareEffect,
 )
 from nexuskv.policy.types import (
     BOOL,
@@ -73,32 +70,52 @@ class RuleSource:
     revision: str
 
 
-class _LazyVariables:
-    """The `variables` value of one evaluation: each variable computed on first use, at most once."""
+class _Variables:
+    """Base of the `variables` value of one evaluation: each variable is computed on first use, at most once.
 
-    __slots__ = ("_act", "_fns", "_vals")
+    Each policy kind gets a subclass whose attributes are `_LazyVariable` descriptors; the first access stores
+    the value in the instance dict, which then shadows the descriptor (plain attribute speed afterwards).
+    """
 
-    def __init__(self, fns: Mapping[str, Compiled], act: dict[str, Any]) -> None:
-        self._fns = fns
+    __slots__ = ("__dict__", "_act")
+
+    def __init__(self, act: dict[str, Any]) -> None:
         self._act = act
-        self._vals: dict[str, Any] = {}
 
-    def __getattr__(self, name: str) -> Any:
-        vals = self._vals
-        if name in vals:
-            got = vals[name]
-        else:
-            fn = self._fns.get(name)
-            if fn is None:
-                raise AttributeError(name)
-            try:
-                got = fn(self._act)
-            except CelEvalError as exc:
-                got = exc
-            vals[name] = got
-        if isinstance(got, CelEvalError):
-            raise CelEvalError(f"variable {name!r}: {got}")
-        return got
+
+class _LazyVariable:
+    __slots__ = ("fn", "name")
+
+    def __init__(self, name: str, fn: Callable[[Mapping[str, object]], object]) -> None:
+        self.name = name
+        self.fn = fn
+
+    def __get__(self, obj: _Variables | None, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        errors = obj.__dict__.get(" errors")  # not an identifier: never shadows a variable
+        if errors is not None and self.name in errors:
+            raise errors[self.name]  # failed once in this evaluation: never computed twice
+        try:
+            value = self.fn(obj._act)
+        except CelEvalError as exc:
+            err = CelEvalError(f"variable {self.name!r}: {exc}")
+            obj.__dict__.setdefault(" errors", {})[self.name] = err
+            raise err from None
+        obj.__dict__[self.name] = value
+        return value
+
+
+def _variables_class(kind: str, fns: Mapping[str, Compiled]) -> type[_Variables] | None:
+    if not fns:
+        return None
+    attrs_ = {name: _LazyVariable(name, f.fn) for name, f in fns.items()}
+    return type(f"Variables_{kind}", (_Variables,), attrs_)
+
+
+_DENY, _WARN, _AUDIT, _ALLOW = 0, 1, 2, 3
+_new = tuple.__new__  # builds a Verdict without the NamedTuple constructor's Python frame
+_EFFECT_CODE = {"deny": _DENY, "warn": _WARN, "audit": _AUDIT, "allow": _ALLOW, "apply": _DENY}
 
 
 @define(frozen=True)
@@ -145,6 +162,23 @@ class PolicySet:
         self.files = tuple(files)
         self._uses_now = {k: any(_uses(r, "now") for r in v) or any("now" in f.source for f in variables[k].values())
                           for k, v in self.rules.items()}  # fmt: skip
+        self._vars = {k: _variables_class(k, variables[k]) for k in self.rules}
+        # Hot-loop form of each rule: the generated functions themselves, effect as a small int.
+        self._fast = {
+            k: tuple((r, tuple(m.fn for m in r.match), r.when.fn, r.max_tokens.fn if r.max_tokens else None,
+                      _EFFECT_CODE[r.effect]) for r in v)
+            for k, v in self.rules.items()
+        }  # fmt: skip
+        # Every rule's `match and when` of a kind in one generated function: one call per evaluation.
+        self._fused = {k: fuse([[*r.match, r.when] for r in v]) for k, v in self.rules.items()}
+        self._quiet = {k: Verdict(k, name, revision, allowed=k != "share") for k in self.rules}
+        # admit, reuse and place, the kinds on the hot paths, run as one generated function each.
+        self._generated = {
+            k: _fastpath.build(k, self.rules[k], policy=name, revision=revision, default_tier=self.default_tier,
+                               variables_class=self._vars[k], variables=variables[k], uses_now=self._uses_now[k],
+                               slow=lambda act, known, k=k: self._evaluate_activation(k, self._seeded(k, act, known)))
+            for k in ("admit", "reuse", "place")
+        }  # fmt: skip
 
     def rule_names(self, kind: str) -> list[str]:
         """Names of the rules of one kind, in evaluation order."""
@@ -157,19 +191,40 @@ class PolicySet:
             act["node"] = ""
         if "now" not in act and self._uses_now[kind]:
             act["now"] = _dt.datetime.now(_dt.UTC)
-        fns = self.variables[kind]
-        if fns:
-            act["variables"] = _LazyVariables(fns, act)
+        cls = self._vars[kind]
+        if cls is not None:
+            act["variables"] = cls(act)
         return act
 
     def evaluate(self, kind: str, values: Mapping[str, Any]) -> Verdict:
         """Evaluate every rule of `kind` against `values` and return the verdict (never raises on rule errors)."""
-        if kind not in self.rules:
+        gen = self._generated.get(kind)
+        if gen is not None:
+            return gen(values)
+        if kind not in self._fast:
             raise ValueError(f"unknown rule kind {kind!r} (one of {', '.join(KINDS)})")
+        return self._evaluate_activation(kind, self.activation(kind, values))
+
+    def _seeded(self, kind: str, values: Mapping[str, Any], known: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+        """A full activation whose `variables` already hold what the generated fast path computed."""
         act = self.activation(kind, values)
+        cached = act["variables"].__dict__ if "variables" in act else {}
+        for name, value in known:
+            if value is not _fastpath.UNSET:
+                cached[name] = value
+        return act
+
+    def _evaluate_activation(self, kind: str, act: dict[str, Any]) -> Verdict:
+        """Rule by rule, with each expression's exact CEL error semantics (and the `failure` settings)."""
+        rules = self._fast[kind]
         if kind == "place":
             return self._place(act)
-        deny = kind in ("admit", "reuse")
+        flags = self._fused[kind](act)
+        if flags is not None:
+            if not any(flags):  # the common case: nothing fires, nothing to build
+                return self._quiet[kind]
+            rules = tuple(r for r, f in zip(rules, flags, strict=True) if f)
+        deny = kind != "share"
         allowed = deny  # admit/reuse: allowed unless denied; share: denied unless granted
         cap: int | None = None
         deciding: list[str] = []
@@ -178,12 +233,36 @@ class PolicySet:
         warnings: list[str] = []
         audits: list[str] = []
         errors: list[str] = []
-        for rule in self.rules[kind]:
-            if kind == "share" and not _share_applies(rule, act):
+        for rule, matches, when, cap_fn, code in rules:
+            if not deny and not _share_applies(rule, act):
                 continue  # a grant names its readers and its scope: nobody else gets anything from it
             try:
-                hit = _fires(rule, act)
-                limit = int(rule.max_tokens(act)) if hit and rule.max_tokens is not None else None
+                for m in matches if flags is None else ():
+                    if not m(act):
+                        break
+                else:
+                    if flags is None and not when(act):
+                        continue
+                    limit = int(cap_fn(act)) if cap_fn is not None else None  # type: ignore[call-overload]
+                    fired.append(rule.name)
+                    msg = _message(rule, act) if rule.message_fn is not None or rule.message else ""
+                    if code == _DENY:
+                        deciding.append(rule.name)
+                        if msg:
+                            messages.append(msg)
+                        if limit is None:
+                            allowed, cap = False, 0
+                        else:
+                            cap = max(0, limit) if cap is None else min(cap, max(0, limit))
+                            if cap == 0:
+                                allowed = False
+                    elif code == _WARN:
+                        warnings.append(f"{rule.name}: {msg}" if msg else rule.name)
+                    elif code == _AUDIT:
+                        audits.append(f"{rule.name}: {msg}" if msg else rule.name)
+                    else:  # share grant
+                        allowed = True
+                        deciding.append(rule.name)
             except CelEvalError as exc:
                 errors.append(f"{rule.name}: {exc}")
                 log.warning("policy rule failed", policy=self.name, rule=rule.name, kind=kind, error=str(exc),
@@ -192,56 +271,37 @@ class PolicySet:
                     allowed, cap = False, 0
                     deciding.append(rule.name)
                     messages.append(f"{rule.name}: evaluation failed ({exc}); failing safe")
-                continue
-            if not hit:
-                continue
-            fired.append(rule.name)
-            msg = _message(rule, act)
-            if rule.effect == Effect.AUDIT or rule.effect == ShareEffect.AUDIT:
-                audits.append(f"{rule.name}: {msg}" if msg else rule.name)
-            elif rule.effect == Effect.WARN:
-                warnings.append(f"{rule.name}: {msg}" if msg else rule.name)
-            elif rule.effect == ShareEffect.ALLOW:
-                allowed = True
-                deciding.append(rule.name)
-            else:  # enforced deny
-                deciding.append(rule.name)
-                if msg:
-                    messages.append(msg)
-                if limit is None:
-                    allowed, cap = False, 0
-                else:
-                    cap = max(0, limit) if cap is None else min(cap, max(0, limit))
-                    if cap == 0:
-                        allowed = False
-        return Verdict(kind=kind, policy=self.name, revision=self.revision, allowed=allowed, max_tokens=cap,
-                       deciding=deciding, fired=fired, messages=messages, warnings=warnings, audits=audits,
-                       errors=errors)  # fmt: skip
+        return _new(Verdict, (kind, self.name, self.revision, allowed, cap, tuple(deciding), tuple(fired),
+                              tuple(messages), tuple(warnings), tuple(audits), tuple(errors), None))  # fmt: skip
 
     def _place(self, act: dict[str, Any]) -> Verdict:
         fired: list[str] = []
         audits: list[str] = []
         errors: list[str] = []
-        for rule in self.rules["place"]:
+        flags = self._fused["place"](act)
+        for i, (rule, matches, when, _, code) in enumerate(self._fast["place"]):
             try:
-                if not _fires(rule, act):
+                if flags is not None:
+                    if not flags[i]:
+                        continue
+                elif not all(m(act) for m in matches) or not when(act):
                     continue
-                tier = rule.tier_fn(act) if rule.tier_fn is not None else rule.tier
-                ttl = rule.ttl_fn(act).total_seconds() if rule.ttl_fn is not None else rule.ttl_s
-                prio = float(rule.priority_fn(act)) if rule.priority_fn is not None else rule.priority
+                tier = rule.tier_fn.fn(act) if rule.tier_fn is not None else rule.tier
+                ttl = rule.ttl_fn.fn(act).total_seconds() if rule.ttl_fn is not None else rule.ttl_s  # type: ignore[attr-defined]
+                prio = float(rule.priority_fn.fn(act)) if rule.priority_fn is not None else rule.priority  # type: ignore[arg-type]
             except CelEvalError as exc:
                 errors.append(f"{rule.name}: {exc}")
                 log.warning("policy rule failed", policy=self.name, rule=rule.name, kind="place", error=str(exc))
                 continue  # a broken place rule never decides: the next rule or the default applies
             fired.append(rule.name)
-            if rule.effect == PlaceEffect.AUDIT:
+            if code == _AUDIT:
                 audits.append(f"{rule.name}: would place in {tier} (ttl {ttl}, priority {prio})")
                 continue
-            where = Placement(tier=tier or self.default_tier or None, ttl_s=ttl, priority=prio)
-            return Verdict(kind="place", policy=self.name, revision=self.revision, deciding=[rule.name],
-                           fired=fired, audits=audits, errors=errors, placement=where)  # fmt: skip
-        return Verdict(kind="place", policy=self.name, revision=self.revision, fired=fired, audits=audits,
-                       errors=errors, placement=Placement(tier=self.default_tier or None))  # fmt: skip
+            where = _new(Placement, (tier or self.default_tier or None, ttl, prio))
+            return _new(Verdict, ("place", self.name, self.revision, True, None, (rule.name,), tuple(fired), (), (),
+                                  tuple(audits), tuple(errors), where))  # fmt: skip
+        return Verdict("place", self.name, self.revision, True, None, (), tuple(fired), (), (), tuple(audits),
+                       tuple(errors), Placement(self.default_tier or None))  # fmt: skip
 
     def grants(self, reader: str) -> list[tuple[str, str]]:
         """`(rule, scope)` of share rules that name `reader` (or `*`); `evaluate("share", ...)` decides."""

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from attrs import define, field
+from typing import NamedTuple
 
 __all__ = ["Placement", "Verdict"]
 
 
-def _tuple(value: object) -> tuple[str, ...]:
-    return tuple(value)  # type: ignore[arg-type]
-
-
-@define(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """The outcome of `place` rules: tier, time to live and eviction priority (None = not decided)."""
 
     tier: str | None = None
@@ -20,9 +15,8 @@ class Placement:
     priority: float | None = None
 
 
-@define(frozen=True)
-class Verdict:
-    """The answer of one policy evaluation.
+class Verdict(NamedTuple):
+    """The answer of one policy evaluation (an immutable tuple: cheap to build on the hot path).
 
     `allowed` is False when an enforced `deny` fired (admit, reuse) or when no `share` grant allowed access.
     `max_tokens` caps reuse (None: no cap). `deciding` names the rules that determined the outcome; `fired` every
@@ -35,12 +29,12 @@ class Verdict:
     revision: str
     allowed: bool = True
     max_tokens: int | None = None
-    deciding: tuple[str, ...] = field(default=(), converter=_tuple)
-    fired: tuple[str, ...] = field(default=(), converter=_tuple)
-    messages: tuple[str, ...] = field(default=(), converter=_tuple)
-    warnings: tuple[str, ...] = field(default=(), converter=_tuple)
-    audits: tuple[str, ...] = field(default=(), converter=_tuple)
-    errors: tuple[str, ...] = field(default=(), converter=_tuple)
+    deciding: tuple[str, ...] = ()
+    fired: tuple[str, ...] = ()
+    messages: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    audits: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
     placement: Placement | None = None
 
     def to_log(self) -> dict[str, object]:
