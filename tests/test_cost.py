@@ -74,8 +74,6 @@ def test_load_profile_unknown_schema_version(tmp_path):
         load_profile(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: load_profile lets json.JSONDecodeError escape for a malformed profile "
-                                       "file (not a NexusKVError, and the message does not name the file)")
 def test_load_profile_malformed_json_is_a_nexuskv_error_naming_the_file(tmp_path):
     bad = tmp_path / "broken.json"
     bad.write_text('{"name": "x", ')

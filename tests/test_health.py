@@ -112,8 +112,6 @@ def test_trips_count_every_opening(clock):
         assert b.trips == i + 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Breaker docs say half-open 'lets one trial through', but allow() "
-                                       "answers True to every caller until an outcome is recorded")  # fmt: skip
 def test_half_open_lets_only_one_trial_through(clock):
     b = Breaker("disk", threshold=1, cooldown_s=5.0, clock=clock)
     b.failure("boom")

@@ -298,9 +298,6 @@ def test_a_denied_candidate_falls_back_to_an_allowed_shorter_one():
     assert "dram-only" in plan.rules
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: reuse rules see match.tier = Candidate.slowest_tier, which is the LAST "
-                                       "run's tier, not the slowest; with disk blocks before DRAM blocks the strict "
-                                       "tenant's dram-only rule never fires and disk state is reused")  # fmt: skip
 def test_dram_only_rule_holds_when_the_slow_tier_comes_first():
     strict = Policies.load(ROOT / "policies").for_tenant("strict")
     # older blocks demoted to disk, the newer ones still in DRAM: a realistic layout after cost-aware eviction
@@ -310,9 +307,6 @@ def test_dram_only_rule_holds_when_the_slow_tier_comes_first():
     assert "dram-only" in plan.rules
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: for hybrid layouts the checkpoint run is appended last, so "
-                                       "match.tier is the checkpoint's tier and a dram-only rule lets disk pages "
-                                       "through")  # fmt: skip
 def test_dram_only_rule_holds_for_hybrid_pages_on_disk():
     strict = Policies.load(ROOT / "policies").for_tenant("strict")
     holdings = [[("disk", "n1", 1)] for _ in range(4)]
@@ -344,9 +338,6 @@ def test_checkpointed_layouts_cut_only_at_checkpoints(kind, ckpts):
     assert plan.tokens_reused // PAGE in valid and plan.tokens_reused % PAGE == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (regression in 53676dd 'faster planning'): with no paged group every "
-                                       "block's source code is the gap marker, so the usable prefix ends at block 0 "
-                                       "and pure windowed / recurrent layouts never reuse anything")  # fmt: skip
 @pytest.mark.parametrize("kind", ["windowed", "recurrent"])
 def test_checkpointed_layout_restores_its_last_checkpoint(kind):
     lay = layout_of(kind)
@@ -361,10 +352,6 @@ def test_checkpointed_layout_restores_its_last_checkpoint(kind):
     assert [(s.start, s.end, s.tier) for s in plan.spans] == [(7 * PAGE, 8 * PAGE, "dram")]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: for checkpointed layouts the planner only prices the last checkpoint "
-                                       "(tier boundaries come from paged groups only); a checkpoint in a faster tier "
-                                       "earlier in the prefix is never a candidate, so a slow tier holding the last "
-                                       "one forces a full recompute (also hidden by the regression above)")  # fmt: skip
 @pytest.mark.parametrize("kind", ["windowed", "recurrent"])
 def test_checkpointed_layout_can_cut_at_an_earlier_checkpoint_in_a_faster_tier(kind):
     holdings = [None] * 3 + ["dram"] + [None] * 3 + ["disk"] + [None] * 2

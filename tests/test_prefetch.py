@@ -189,8 +189,6 @@ def test_cancel_a_running_task_stops_before_its_next_slot(prefetchers):
     assert p.stats["cancelled"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: wait_idle (and inflight_bytes) treat a cancelled task as finished "
-                                       "while its current move is still running on the worker")  # fmt: skip
 def test_wait_idle_waits_for_a_cancelled_running_move(prefetchers):
     mover = Mover(hold={b"a"})
     p = prefetchers(mover)
@@ -201,9 +199,6 @@ def test_wait_idle_waits_for_a_cancelled_running_move(prefetchers):
     assert p.inflight_bytes().get("disk", 0) > 0  # and the bytes of b"a" are still on the link
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a cancelled queued task keeps its (slot, target) dedup entries until "
-                                       "the worker reaches it, so a new prefetch of the same slots is dropped as a "
-                                       "duplicate and the slots are never moved")  # fmt: skip
 def test_slots_of_a_cancelled_task_can_be_prefetched_again(prefetchers):
     p, mover, _ = blocked(prefetchers)
     t = p.submit("t1", [b"a"], "disk", "dram", 100, 60.0)

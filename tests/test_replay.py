@@ -290,16 +290,12 @@ def test_cli_replay_malformed_trace_is_a_clean_error(run, tmp_path):
     assert f"{p}:2" in res.output
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `replay` on an empty trace (or --limit 0) divides by the baselines' "
-                                       "mean TTFT of 0 and crashes with ZeroDivisionError")  # fmt: skip
 def test_cli_replay_empty_trace(run, tmp_path):
     p = write_lines(tmp_path)
     res = run("replay", str(p))
     assert res.exit_code == 0, repr(res.exception)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `replay --profile` with a profile that fails validation escapes as an "
-                                       "uncaught ContractError traceback instead of a clean CLI error")  # fmt: skip
 def test_cli_replay_invalid_profile_is_a_clean_error(run, tmp_path):
     d = json.loads(Path(PROFILE).read_text())
     d["tiers"]["disk"]["bandwidth_bytes_per_s"] = 0

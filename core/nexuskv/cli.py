@@ -262,9 +262,15 @@ def replay_cmd(trace: str, profile: str, limit: int | None, dram_blocks: int, di
         records = list(itertools.islice(read_trace(trace), limit))
     except ContractError as exc:
         raise click.ClickException(str(exc)) from None
+    if not records:
+        click.echo(f"{trace}: no requests to replay")
+        return
     tiers = {"dram": dram_blocks, "disk": disk_blocks, "redis": redis_blocks}
-    results = replay(records, profile_path=profile, tier_blocks=tiers, bandwidth_scale=_scales(scale),
-                     policies=policies)  # fmt: skip
+    try:
+        results = replay(records, profile_path=profile, tier_blocks=tiers, bandwidth_scale=_scales(scale),
+                         policies=policies)  # fmt: skip
+    except NexusKVError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"{len(records)} requests from {trace}; tiers (blocks) {tiers}; bandwidth scale {_scales(scale)}")
     click.echo(summary(results))
     best = min(results["never"].mean_ttft_ms, results["always"].mean_ttft_ms)

@@ -14,6 +14,7 @@ from pathlib import Path
 from attrs import define
 
 from nexuskv.contracts import Calibration, CodecCost, CostProfile, LinkCost, PrefillCost, from_dict
+from nexuskv.errors import ContractError
 
 __all__ = ["CostModel", "Terms", "default_profile", "load_profile"]
 
@@ -48,8 +49,21 @@ def default_profile() -> CostProfile:
 
 
 def load_profile(path: str | Path) -> CostProfile:
-    """Read a cost profile JSON file (validated against `schemas/cost-profile.v1.json`)."""
-    return from_dict(CostProfile, json.loads(Path(path).read_text()))
+    """Read a cost profile JSON file (validated against `schemas/cost-profile.v1.json`).
+
+    Unreadable files, malformed JSON and schema problems are a `ContractError` naming the file.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ContractError("cost-profile", [(str(path), f"cannot read: {exc.strerror}")]) from None
+    except json.JSONDecodeError as exc:
+        raise ContractError("cost-profile", [(str(path), f"line {exc.lineno} column {exc.colno}: {exc.msg}")]) from None
+    try:
+        return from_dict(CostProfile, data)
+    except ContractError as exc:
+        exc.args = (f"{path}: {exc}",)  # same error, now naming the file
+        raise
 
 
 @define(frozen=True)

@@ -20,7 +20,7 @@ class Breaker:
     """
 
     __slots__ = ("_clock", "_lock", "cooldown_s", "failures", "last_error", "name", "opened_at", "state",
-                 "threshold", "trips")  # fmt: skip
+                 "threshold", "trial_at", "trips")  # fmt: skip
 
     def __init__(self, name: str, threshold: int = 3, cooldown_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
@@ -32,6 +32,7 @@ class Breaker:
         self.state = "closed"
         self.failures = 0
         self.opened_at = 0.0
+        self.trial_at = 0.0
         self.last_error = ""
         self.trips = 0
 
@@ -40,9 +41,15 @@ class Breaker:
         if self.state == "closed":
             return True
         with self._lock:
-            if self.state == "open" and self._clock() - self.opened_at >= self.cooldown_s:
+            now = self._clock()
+            if self.state == "open" and now - self.opened_at >= self.cooldown_s:
                 self.state = "half-open"
-            return self.state == "half-open"
+                self.trial_at = now
+                return True  # the one trial
+            if self.state == "half-open" and now - self.trial_at >= self.cooldown_s:
+                self.trial_at = now  # the trial never reported back (its plan was not executed): another one
+                return True
+            return False
 
     def success(self) -> None:
         """Record a success."""

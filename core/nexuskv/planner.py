@@ -38,10 +38,12 @@ class Candidate:
         """G of this candidate."""
         return self.t_recompute_ms - (self.t_lookup_ms + self.t_transfer_ms + self.t_mount_ms)
 
+    slowest: str = ""
+
     @property
     def slowest_tier(self) -> str:
-        """The slowest tier the candidate reads from (the last run's tier; empty when nothing is read)."""
-        return self.sources[-1][2] if self.sources else ""
+        """The slowest tier the candidate reads from (empty when nothing is read): what reuse rules see."""
+        return self.slowest
 
 
 @define(frozen=True)
@@ -110,7 +112,7 @@ class Planner:
         if len(sources) > 255:  # pragma: no cover - more than 255 distinct sources for one request
             raise ValueError("too many distinct sources in one match")
         codes = bytes(map(code_of.__getitem__, entries[:limit]))
-        gap = sources.index(("", "")) if ("", "") in sources else -1
+        gap = sources.index(("", "")) if ("", "") in sources and paged else -1
         # Paged groups cannot skip a block: the usable prefix ends at the first block without a source.
         end = codes.find(bytes((gap,))) if gap >= 0 else len(codes)
         end = len(codes) if end < 0 else end
@@ -119,18 +121,36 @@ class Planner:
         while start < end:
             rest = codes[start:end]
             n = len(rest) - len(rest.lstrip(rest[:1]))
-            runs.append((start, start + n, *sources[codes[start]]))
+            if paged:
+                runs.append((start, start + n, *sources[codes[start]]))
             start += n
         cuts = {r[0] for r in runs[1:]} | {end}  # tier boundaries, and the longest cut
         if ckpt:  # checkpointed groups: only blocks with a checkpoint (of every such group) are cuts
-            ck = [b for b in range(1, end + 1) if self._best_source(entries[b - 1], ckpt, node) is not None]
-            cuts = {max((b for b in ck if b <= m), default=0) for m in cuts}
+            cuts = self._checkpoint_cuts(entries, end, ckpt, node, cuts)
         scale = bandwidth_scale
         out = [self._price(0, (), node, inflight, scale, layout.page_size, entries, ckpt)]
         for b in sorted(c for c in cuts if c > 0):
             cut_runs = tuple((f, min(e, b), t, n) for f, e, t, n in runs if f < b and t)
             out.append(self._price(b, cut_runs, node, inflight, scale, layout.page_size, entries, ckpt))
         return out
+
+    def _checkpoint_cuts(self, entries: Sequence[Holding | None], end: int, ckpt: int, node: str,
+                         marks: set[int]) -> set[int]:  # fmt: skip
+        """Checkpoint cuts: the last checkpoint before each paged boundary, and the last one in each tier.
+
+        An earlier checkpoint in a fast tier can beat the last one in a slow tier, so each healthy tier's is priced.
+        """
+        ck = [b for b in range(1, end + 1) if self._best_source(entries[b - 1], ckpt, node) is not None]
+        cuts = {max((b for b in ck if b <= m), default=0) for m in marks}
+        found: dict[str, int] = {}
+        for b in reversed(ck):
+            h = entries[b - 1]
+            for loc, mask in h.locations if h is not None else ():
+                if mask & ckpt == ckpt and loc.tier in self._rank and self._allowed[loc.tier]:
+                    found.setdefault(loc.tier, b)
+            if len(found) == len(self._rank):
+                break
+        return cuts | set(found.values())
 
     def _price(self, blocks: int, runs: tuple[tuple[int, int, str, str], ...], node: str,
                inflight: Mapping[str, float] | None, scale: Mapping[str, float] | None, page: int,
@@ -146,8 +166,9 @@ class Planner:
         transfer = sum(self.cost.transfer_ms(n * block_bytes, t, transport=self.transport, inflight=inflight,
                                              bandwidth_scale=scale) for t, n in sorted(per_tier.items()))  # fmt: skip
         terms = self.cost.terms(blocks * page, transfer, blocks)
+        slowest = max(per_tier, key=lambda t: self._rank.get(t, len(self._rank)), default="")
         return Candidate(blocks, runs, terms.t_recompute_ms, terms.t_lookup_ms, terms.t_transfer_ms,
-                         terms.t_mount_ms)  # fmt: skip
+                         terms.t_mount_ms, slowest)  # fmt: skip
 
 
 def best(candidates: Sequence[Candidate]) -> Candidate:

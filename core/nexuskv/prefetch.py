@@ -57,6 +57,7 @@ class Prefetcher:
         self._tenant_bytes: dict[str, int] = {}
         self._cv = threading.Condition()
         self._closed = False
+        self._active: PrefetchTask | None = None  # the task on the worker now, cancelled or not
         self.stats = {"submitted": 0, "deduplicated": 0, "refused": 0, "done": 0, "failed": 0, "expired": 0,
                       "cancelled": 0, "bytes_moved": 0}  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="nexuskv-prefetch", daemon=True)
@@ -87,22 +88,37 @@ class Prefetcher:
             return task
 
     def cancel(self, task_id: int) -> bool:
-        """Cancel a queued task (a running one stops before its next slot); True if it was still live."""
+        """Cancel a task; True if it was still live.
+
+        A queued task is released at once (its slots may be asked for again); a running one stops before its
+        next slot.
+        """
         with self._cv:
             task = self._tasks.get(task_id)
             if task is None or task.state not in ("queued", "running"):
                 return False
-            task.state = "cancelled"
+            if task.state == "queued":
+                self._queue.remove(task_id)
+                task.state = "cancelled"
+                self._release(task)
+            else:
+                task.state = "cancelled"
             return True
+
+    def _release(self, task: PrefetchTask) -> None:
+        """Give back a task's dedup entries and byte budget (lock held)."""
+        self.stats[task.state] = self.stats.get(task.state, 0) + 1
+        self._pending.difference_update((s, task.target) for s in task.slots)
+        self._bytes -= task.nbytes
+        self._tenant_bytes[task.tenant] -= task.nbytes
+        self._cv.notify_all()
 
     def _finish(self, task: PrefetchTask, state: str) -> None:
         with self._cv:
+            self._active = None
             if task.state in ("queued", "running"):
                 task.state = state
-            self.stats[task.state] = self.stats.get(task.state, 0) + 1
-            self._pending.difference_update((s, task.target) for s in task.slots)
-            self._bytes -= task.nbytes
-            self._tenant_bytes[task.tenant] -= task.nbytes
+            self._release(task)
             if len(self._tasks) > 1024:  # remember recent tasks only: memory stays bounded
                 done = [tid for tid, t in self._tasks.items() if t.state not in ("queued", "running")]
                 for tid in done[: len(self._tasks) - 1024]:
@@ -119,6 +135,7 @@ class Prefetcher:
                 task = self._tasks[self._queue.popleft()]
                 if task.state == "queued":
                     task.state = "running"
+                self._active = task
             if task.state != "running":
                 self._finish(task, task.state)
                 continue
@@ -149,21 +166,22 @@ class Prefetcher:
         with self._cv:
             out: dict[str, int] = {}
             for t in self._tasks.values():
-                if t.state in ("queued", "running"):
+                if t.state in ("queued", "running") or t is self._active:
                     out[t.source] = out.get(t.source, 0) + t.nbytes
             return out
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no task is queued or running."""
         with self._cv:
-            return self._cv.wait_for(lambda: not self._queue and not any(
-                t.state == "running" for t in self._tasks.values()), timeout)  # fmt: skip
+            return self._cv.wait_for(lambda: not self._queue and self._active is None, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Cancel what is queued and stop the worker."""
         with self._cv:
             for tid in self._queue:
                 self._tasks[tid].state = "cancelled"
+                self._release(self._tasks[tid])
+            self._queue.clear()
             self._closed = True
             self._cv.notify_all()
         self._thread.join(timeout)
