@@ -1,3 +1,6 @@
+import threading
+import time
+
 import attrs
 import pytest
 
@@ -135,3 +138,178 @@ def test_close_revokes_lease(kernel):
     lease = kernel.lease
     kernel.close()
     assert not kernel.control.alive(lease.lease_id)
+
+
+# ------------------------------------------------------------------------------------------ plan / commit
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from nexuskv import PlanAction, hookimpl, to_dict  # noqa: E402
+from nexuskv.plugins import PluginManager  # noqa: E402
+
+POLICIES = str(Path(__file__).resolve().parents[1] / "policies")
+
+
+def policy_kernel(**cfg):
+    base = dict(node="n1", policies=POLICIES, tiers={"dram": {"store": "dram", "capacity_bytes": "8MiB"},
+                                                     "disk": {"store": "dram", "capacity_bytes": "64MiB"}})
+    base.update(cfg)
+    return Kernel(KernelConfig(**base), secret=SECRET)
+
+
+def commit_and_flush(k, req, size=4096):
+    keys = k.keys(req)
+    res = k.commit(req, [bytes([b % 256]) * size for b in range(len(keys))], keys=keys)
+    assert k.flush(5)
+    return res, keys
+
+
+def test_plan_recomputes_cold_and_materializes_after_commit():
+    with policy_kernel() as k:
+        req = make_request(range(1000), tenant="chat")
+        cold = k.plan(req)
+        assert cold.action == PlanAction.RECOMPUTE and cold.tokens_reused == 0
+        res, keys = commit_and_flush(k, req)
+        assert (res.accepted, res.refused, res.backpressure) == (62, 0, False)
+        warm = k.plan(req, keys=keys)
+        assert warm.action == PlanAction.MATERIALIZE and warm.tokens_reused == 992
+        assert warm.spans[0].tier == "dram" and warm.policy_revision == k.policies.for_tenant("chat").revision
+        assert warm.predicted.gain_ms > 0 and warm.predicted.ttft_ms < cold.predicted.ttft_ms
+        got = k.materialize(warm, req, keys=keys)
+        assert got.complete and len(got.states) == 62
+        assert bytes(got.states[(5, 0)].payload) == bytes([5]) * 4096
+
+
+def test_plans_are_deterministic_for_the_same_inputs():
+    with policy_kernel() as k:
+        req = make_request(range(500), tenant="chat")
+        _, keys = commit_and_flush(k, req)
+        a, b = k.plan(req, keys=keys), k.plan(req, keys=keys)
+        assert a.decision_id != b.decision_id
+        strip = lambda p: {**to_dict(p), "decision_id": None}  # noqa: E731
+        assert strip(a) == strip(b)
+
+
+def test_admit_rules_refuse_state_off_the_callers_thread():
+    with policy_kernel() as k:
+        req = make_request(range(160), tenant="chat", scope="tmp-1")  # chat's no-tmp-sessions rule
+        res, _ = commit_and_flush(k, req)
+        assert res.accepted == 10  # accepted into the queue...
+        assert len(k.index) == 0  # ...and refused by the admit rule in the writer
+
+
+def test_place_rules_choose_the_tier():
+    with policy_kernel() as k:
+        req = make_request(range(160), tenant="rag", scope="docs")  # rag: documents go to disk
+        _, keys = commit_and_flush(k, req)
+        assert set(k.index.get(keys[0]).tiers()) == {"disk"}
+
+
+def test_reuse_rules_cap_and_refuse():
+    with policy_kernel() as k:
+        req = make_request(range(160), tenant="strict")
+        _, keys = commit_and_flush(k, req)
+        for key in keys:  # move the state to disk behind the planner's back: strict reads DRAM only
+            k.index.drop_location(Location("dram", "n1", k.epoch))
+            k.index.insert(key, Location("disk", "n1", k.epoch))
+        plan = k.plan(req, keys=keys)
+        assert plan.tokens_reused == 0 and "dram-only" in plan.rules
+        assert plan.action == PlanAction.PREFETCH  # not from disk now, but moved to DRAM where it is allowed
+        assert plan.prefetch[0].target_tier == "dram"
+
+
+def test_min_gain_turns_a_tiny_gain_into_recompute(tmp_path):
+    pol = tmp_path / "policies"
+    pol.mkdir()
+    (pol / "default.toml").write_text('name = "default"\nmin_gain_ms = 1e9\n')
+    with policy_kernel(policies=str(pol)) as k:
+        req = make_request(range(320))
+        _, keys = commit_and_flush(k, req)
+        plan = k.plan(req, keys=keys)
+        assert plan.action == PlanAction.RECOMPUTE and "does not beat min gain" in plan.reasons[-1]
+
+
+def test_backpressure_refuses_what_the_writer_cannot_hold():
+    with Kernel(KernelConfig(node="n1", writer_max_items=3), secret=SECRET) as k:
+        gate = threading.Event()
+        k.writer._sink = lambda item: gate.wait(5)  # a stuck tier: the queue fills
+        res = k.commit(make_request(range(160)), [b"x"] * 10)
+        assert res.backpressure and res.accepted + res.refused == 10 and res.accepted <= 4
+        gate.set()
+
+
+def test_session_keys_are_reused_and_checked():
+    with Kernel(KernelConfig(node="n1"), secret=SECRET) as k:
+        first = make_request(range(100))
+        k1 = k.keys_for(first, session="s1")
+        longer = make_request(range(130))
+        assert k.keys_for(longer, session="s1") == k.keys(longer)
+        other = make_request([7, *range(1, 130)])  # not a continuation: recomputed, not trusted
+        assert k.keys_for(other, session="s1") == k.keys(other)
+        assert k1 == k.keys(first)
+
+
+def test_decision_log_and_observers_get_one_record_per_decision():
+    seen = []
+
+    class Observer:
+        @hookimpl
+        def nexuskv_observe_decision(self, decision):
+            seen.append(decision)
+
+    pm = PluginManager(entry_points=False)
+    pm.register(Observer(), "obs")
+    with Kernel(KernelConfig(node="n1"), plugins=pm, secret=SECRET) as k:
+        plan = k.plan(make_request(range(64), tenant="acme"))
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+    rec = seen[0]
+    assert rec["decision_id"] == plan.decision_id and rec["tenant"] == "acme"
+    assert rec["action"] == "recompute" and "predicted" in rec and "policy_revision" in rec
+    json.dumps(rec)  # JSON-compatible
+
+
+def test_async_variants():
+    async def go():
+        with policy_kernel() as k:
+            req = make_request(range(320), tenant="chat")
+            res = await k.acommit(req, [b"y" * 1024] * 20)
+            assert res.accepted == 20 and k.flush(5)
+            plan = await k.aplan(req)
+            got = await k.amaterialize(plan, req)
+            return plan, got
+
+    plan, got = asyncio.run(go())
+    assert plan.action == PlanAction.MATERIALIZE and got.complete
+
+
+def test_page_size_mismatch_is_refused_by_plan():
+    with Kernel(KernelConfig(node="n1", page_size=32), secret=SECRET) as k:
+        plan = k.plan(make_request(range(64)))
+        assert plan.action == PlanAction.RECOMPUTE and "page_size" in plan.reasons[0]
+
+
+def test_lru_eviction_option():
+    with Kernel(KernelConfig(node="n1", eviction="lru"), secret=SECRET) as k:
+        d = k.describe(make_request(range(64)), 1, b"x", tier="dram")
+        assert k.default_priority(d) == 0.0
+    with Kernel(KernelConfig(node="n1"), secret=SECRET) as k:
+        d1 = k.describe(make_request(range(64)), 0, b"x", tier="dram")
+        d2 = k.describe(make_request(range(64)), 2, b"x", tier="dram")
+        assert k.default_priority(d1) > k.default_priority(d2)  # deeper blocks are evicted first
+
+
+def test_demotion_moves_evicted_state_one_tier_down():
+    cfg = KernelConfig(node="n1", tiers={"dram": {"store": "dram", "capacity_bytes": 4096 * 4},
+                                         "disk": {"store": "dram", "capacity_bytes": "1MiB"}})
+    with Kernel(cfg, secret=SECRET) as k:
+        req = make_request(range(160))
+        _, keys = commit_and_flush(k, req)
+        tiers = [k.index.get(key).tiers() for key in keys]
+        assert all(t for t in tiers)  # nothing lost
+        assert sum("disk" in t for t in tiers) == 6 and sum("dram" in t for t in tiers) == 4
+        plan = k.plan(req, keys=keys)
+        assert plan.tokens_reused == 160 and {s.tier for s in plan.spans} == {"dram", "disk"}

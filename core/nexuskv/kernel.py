@@ -80,6 +80,7 @@ class KernelConfig:
     session_cache: int = 1024
     bandwidth_scale: dict[str, float] = field(factory=dict)
     demote: bool = True
+    eviction: str = field(default="cost", validator=attrs.validators.in_(("cost", "lru")))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], origin: str = "<config>") -> KernelConfig:
@@ -270,6 +271,8 @@ class Kernel:
         expensive to prefill outlives cheap state), minus a tiny amount per token of depth, so that within one
         prefix the deepest blocks go first and a prefix is never broken in the middle.
         """
+        if self.config.eviction == "lru":
+            return 0.0  # equal priorities: the tier evicts least recently used first
         page = self.keyer.page_size
         return self.cost.value_per_byte(page, page, descriptor.usage.hits) * 1e6 - descriptor.span.end * 1e-9
 
@@ -447,13 +450,13 @@ class Kernel:
                 chain.extend(toks[len(seen):])
                 self._sessions[session] = (chain, toks)
                 self._sessions.move_to_end(session)
-                return chain.keys
+                return list(chain.keys)  # a copy: the chain keeps growing
         chain = self.keyer.chain(root)
         chain.extend(toks)
         self._sessions[session] = (chain, toks)
         while len(self._sessions) > self.config.session_cache:
             self._sessions.popitem(last=False)
-        return chain.keys
+        return list(chain.keys)
 
     def plan(
         self,
@@ -600,16 +603,21 @@ class Kernel:
             tier = first
         if priority is None:
             priority = self.default_priority(desc)
-        if tier != first:
-            desc = attrs.evolve(desc, placement=Placement(tier, self.node, self.epoch))
-        breaker = self.health.breaker(tier)
-        try:
-            ok = self.put(desc, data, priority=priority)
-        except Exception as exc:
-            breaker.failure(f"put failed: {exc!r}")
-            raise
-        if ok:
+        # The placed tier first; if it refuses (full of more valuable state), the next lower tier with room.
+        order = list(self.tier_order) or list(self.tiers)
+        candidates = order[order.index(tier):] if tier in order else [tier]
+        for where in candidates:
+            if where != desc.placement.tier:
+                desc = attrs.evolve(desc, placement=Placement(where, self.node, self.epoch))
+            breaker = self.health.breaker(where)
+            try:
+                ok = self.put(desc, data, priority=priority)
+            except Exception as exc:
+                breaker.failure(f"put failed: {exc!r}")
+                raise
             breaker.success()
+            if ok:
+                return
 
     # ------------------------------------------------------------------------------------------ load path
 

@@ -171,13 +171,13 @@ def _tokens(rec: TraceRecord) -> list[int]:
 
 
 def _kernel(strategy: str, profile_path: str, tiers: Mapping[str, int], scale: Mapping[str, float],
-            policies: str | None, secret: bytes) -> Any:  # fmt: skip
+            policies: str | None, secret: bytes, eviction: str = "cost") -> Any:  # fmt: skip
     from nexuskv.kernel import Kernel, KernelConfig
 
     cfg = KernelConfig(node="replay", page_size=BLOCK_TOKENS, profile=profile_path, policies=policies,
                        tiers={t: {"store": "dram", "capacity_bytes": c} for t, c in tiers.items()},
                        bandwidth_scale=dict(scale), deadline_ms=1000.0, writer_max_items=1 << 16,
-                       writer_max_bytes=1 << 30, prefetch_max_tasks=0)  # fmt: skip
+                       writer_max_bytes=1 << 30, prefetch_max_tasks=0, eviction=eviction)  # fmt: skip
     return Kernel(cfg, secret=secret)
 
 
@@ -190,6 +190,7 @@ def replay(
     policies: str | None = None,
     strategies: Sequence[str] = STRATEGIES,
     payload_bytes: int = 64,
+    eviction: str = "cost",
 ) -> dict[str, ReplayResult]:
     """Replay `records` under each strategy; tiers hold `tier_blocks[tier]` blocks.
 
@@ -201,7 +202,7 @@ def replay(
     results: dict[str, ReplayResult] = {}
     for strategy in strategies:
         kernel = _kernel(strategy, profile_path, {t: n * payload_bytes for t, n in tier_blocks.items()}, scale,
-                         policies, secret)  # fmt: skip
+                         policies, secret, eviction)  # fmt: skip
         try:
             results[strategy] = _run(kernel, strategy, records, scale, payload_bytes)
         finally:
