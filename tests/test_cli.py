@@ -70,7 +70,7 @@ def test_keys(run, tmp_path):
 
 
 def test_demo_runs_and_shows_isolation(run):
-    res = run("demo", "--turns", "3")
+    res = run("demo", "--turns", "3", "--requests", "40")
     assert res.exit_code == 0, res.output
     assert "tenant globex              reusable tokens: 0" in res.output
     assert "hybrid dense+recurrent" in res.output
@@ -79,7 +79,7 @@ def test_demo_runs_and_shows_isolation(run):
 def test_demo_numbers():
     from nexuskv._demo import run_demo
 
-    out = run_demo(turns=3, echo=lambda *_: None)
+    out = run_demo(turns=3, echo=lambda *_: None, requests=100)
     assert out["turn1_reused"] == 0 and out["turn2_reused"] > 0 and out["turn3_reused"] > out["turn2_reused"]
     assert out["tenant globex"] == out["model revision r2"] == out["cache salt 'x'"] == 0
     assert out["same tenant, same model"] > 0
@@ -88,3 +88,7 @@ def test_demo_numbers():
     assert out["evictions deeper blocks first"] == 0 and out["refused deeper blocks first"] == 16
     assert out["indexed plain LRU"] == out["indexed deeper blocks first"] == 24
     assert out["longest plain LRU"] == 0 and out["longest deeper blocks first"] == 24
+    assert out["plan chat"] == out["plan strict"] == out["plan rag"] == 1024
+    assert out["plan congested"] == 0  # loading from the congested disk would lose: recompute
+    assert out["replay congested disk and redis (5% bandwidth)"] < 1000  # beats both baselines
+    assert out["replay normal links"] <= 1000  # never worse than the better one

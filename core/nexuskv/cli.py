@@ -319,11 +319,12 @@ def plan_cmd(request_file: str, config_file: str | None) -> None:
 
 @cli.command("demo")
 @click.option("--turns", default=4, show_default=True, help="Turns of the multi-turn chat session.")
-def demo_cmd(turns: int) -> None:
-    """The main job: a multi-turn session matched against the embedded index, isolation and kinds shown."""
+@click.option("--requests", default=300, show_default=True, help="Requests in the replayed generated workload.")
+def demo_cmd(turns: int, requests: int) -> None:
+    """The main job: identity and isolation, restore points, plans with reasons, and a replay vs baselines."""
     from nexuskv._demo import run_demo
 
-    run_demo(turns=turns, echo=click.echo)
+    run_demo(turns=turns, echo=click.echo, requests=requests)
 
 
 def _with_plugin_commands() -> click.Group:
