@@ -1,8 +1,8 @@
 """The cost model: predicts every term of G = T_recompute(M) - (T_lookup + T_transfer(M) + T_mount) from a profile.
 
 Prefill of L tokens costs base + a*L + b*L^2 (the quadratic term is attention), so skipping the first M tokens
-of any request saves a*M + b*M^2. Transfers pay latency plus bytes over bandwidth, where bytes already in flight
-on the same link share it, plus codec decode time; mounting costs a fixed time per block.
+of any request saves a*M + b*M^2. Transfers pay latency plus bytes over bandwidth, after the bytes already queued
+on the same link, plus codec decode time; mounting costs a fixed time per block.
 """
 
 from __future__ import annotations
@@ -114,8 +114,9 @@ class CostModel:
     ) -> float:  # fmt: skip
         """Time to move `nbytes` (raw state bytes) from `tier` over `transport`, decoding with `codec`.
 
-        Bytes already in flight on a link share its bandwidth (processor sharing: ours finish after at most as
-        many of theirs); `bandwidth_scale` multiplies a link's bandwidth (a congested or degraded link < 1).
+        Bytes already in flight on a link are drained first (a FIFO queue: tier devices and links serve requests in
+        order, and under sustained load a fair share is no better for the newcomer); `bandwidth_scale` multiplies a
+        link's bandwidth (a congested or degraded link < 1).
         """
         if nbytes <= 0:
             return 0.0
@@ -125,7 +126,7 @@ class CostModel:
         for name in (tier, transport) if transport and transport != "local" else (tier,):
             cost = self.link(name)
             bw = cost.bandwidth_bytes_per_s * (bandwidth_scale.get(name, 1.0) if bandwidth_scale else 1.0)
-            busy = min(inflight.get(name, 0.0), stored) if inflight else 0.0
+            busy = inflight.get(name, 0.0) if inflight else 0.0
             total += cost.latency_ms + (stored + busy) / bw * 1e3
         if c is not None and codec != "raw":
             total += nbytes / c.decode_bytes_per_s * 1e3

@@ -265,16 +265,19 @@ class Kernel:
         return on_evict
 
     def default_priority(self, descriptor: StateDescriptor) -> float:
-        """Eviction priority when no `place` rule gives one: cost-aware, leaf first.
+        """Eviction priority when no `place` rule gives one: cost-aware (GreedyDual-Size-Frequency), leaf first.
 
-        The recompute time the model saves per byte of state (from the cost profile, so state of a model that is
-        expensive to prefill outlives cheap state), minus a tiny amount per token of depth, so that within one
-        prefix the deepest blocks go first and a prefix is never broken in the middle.
+        The tier's aging floor (the priority of the most valuable state it has evicted, so recent state outlives
+        old state), plus the recompute time the model saves per byte weighted by reuse (so state that is expensive
+        to prefill outlives cheap state), minus a tiny amount per token of depth (so within one prefix the deepest
+        blocks go first and a prefix is never broken in the middle).
         """
         if self.config.eviction == "lru":
             return 0.0  # equal priorities: the tier evicts least recently used first
         page = self.keyer.page_size
-        return self.cost.value_per_byte(page, page, descriptor.usage.hits) * 1e6 - descriptor.span.end * 1e-9
+        floor = getattr(self.tiers.get(descriptor.placement.tier), "floor", 0.0)
+        value = self.cost.value_per_byte(page, page, descriptor.usage.hits) * 1e6
+        return floor + value - descriptor.span.end * 1e-9
 
     def _demote(self, tier: str, descriptor: StateDescriptor, payload: bytes | memoryview) -> None:
         """Move an evicted payload one tier down (in cost order) instead of losing it, where it fits."""
@@ -601,8 +604,6 @@ class Kernel:
         if tier not in self.tiers:
             log.warning("place rule names an unknown tier; using the fastest", tier=tier, fallback=first)
             tier = first
-        if priority is None:
-            priority = self.default_priority(desc)
         # The placed tier first; if it refuses (full of more valuable state), the next lower tier with room.
         order = list(self.tier_order) or list(self.tiers)
         candidates = order[order.index(tier):] if tier in order else [tier]
@@ -610,8 +611,9 @@ class Kernel:
             if where != desc.placement.tier:
                 desc = attrs.evolve(desc, placement=Placement(where, self.node, self.epoch))
             breaker = self.health.breaker(where)
+            prio = priority if priority is not None else self.default_priority(desc)
             try:
-                ok = self.put(desc, data, priority=priority)
+                ok = self.put(desc, data, priority=prio)
             except Exception as exc:
                 breaker.failure(f"put failed: {exc!r}")
                 raise

@@ -32,6 +32,7 @@ class DramStore:
         self._lock = threading.RLock()
         self._on_evict: EvictionCallback | None = None
         self.evictions = 0
+        self.floor = 0.0  # priority of the most valuable payload evicted so far (GreedyDual's L)
 
     def set_eviction_callback(self, callback: EvictionCallback | None) -> None:
         """Be told (slot, descriptor, payload) about every eviction."""
@@ -60,17 +61,29 @@ class DramStore:
         return ok
 
     def _make_room(self, need: int, priority: float, evicted: list[tuple[bytes, StateDescriptor, bytes]]) -> bool:
-        # First check that evicting only lower-or-equal priority payloads frees enough, then evict.
-        if self._used + need > self.capacity_bytes:
-            free_able = sum(len(d) for d, _, p, _ in self._items.values() if p <= priority)
-            if self._used - free_able + need > self.capacity_bytes:
-                return False
-        while self._used + need > self.capacity_bytes:
-            _, seq, slot = heapq.heappop(self._heap)
+        """Evict lowest-priority payloads (never above `priority`) until `need` bytes fit; all or nothing."""
+        if self._used + need <= self.capacity_bytes:
+            return True
+        victims: list[tuple[float, int, bytes]] = []
+        freed = 0
+        heap = self._heap
+        while self._used - freed + need > self.capacity_bytes and heap:
+            prio, seq, slot = heap[0]
             item = self._items.get(slot)
             if item is None or item[3] != seq:
-                continue  # stale heap entry
-            del self._items[slot]
+                heapq.heappop(heap)  # stale heap entry
+                continue
+            if prio > priority:
+                break
+            victims.append(heapq.heappop(heap))
+            freed += len(item[0])
+        if self._used - freed + need > self.capacity_bytes:
+            for v in victims:  # not enough room without evicting more valuable state: change nothing
+                heapq.heappush(heap, v)
+            return False
+        for prio, _, slot in victims:
+            self.floor = max(self.floor, prio)  # GreedyDual aging: new state starts above what was evicted
+            item = self._items.pop(slot)
             self._used -= len(item[0])
             self.evictions += 1
             evicted.append((slot, item[1], item[0]))
