@@ -1,12 +1,15 @@
 """The builtin pure-Python state index: which blocks are held where, and the longest restorable match.
 
-Keys map to interned `Holding` objects (the locations and state groups held for a block), so a block costs a
-key, a dict slot and a reverse-map slot: many blocks share one `Holding`. Any matcher plugin offers the same
+Keys map to the small-int code of an interned `Holding` (the locations and state groups held for a block), so a
+block costs a key, a dict slot and a reverse-map slot, and many blocks share one `Holding`. Holding only bytes
+and ints, the big dicts are never tracked by the garbage collector: a full collection does not walk a million
+entries in the middle of a plan. Any matcher plugin offers the same
 interface (`Matcher`), and `Match` turns its per-block answers into restore points per kind, tier and node.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -28,9 +31,10 @@ class Location(NamedTuple):
 class Holding:
     """Immutable, interned: where one block is held, and which state groups each location holds for it."""
 
-    __slots__ = ("_cache", "locations", "mask")
+    __slots__ = ("_cache", "code", "locations", "mask")
 
-    def __init__(self, locations: tuple[tuple[Location, int], ...]) -> None:
+    def __init__(self, locations: tuple[tuple[Location, int], ...], code: int = 0) -> None:
+        self.code = code
         self.locations = locations
         mask = 0
         for _, m in locations:
@@ -146,8 +150,8 @@ class Matcher(Protocol):
         """Number of indexed blocks."""
 
 
-def _scan(get: object, keys: Sequence[bytes], layout: Layout) -> Match:
-    entries = list(map(get, keys))  # type: ignore[call-overload]
+def _scan(get: object, decode: object, keys: Sequence[bytes], layout: Layout) -> Match:
+    entries = list(map(decode, map(get, keys)))  # type: ignore[call-overload]
     distinct = set(entries)
     if None in distinct and not group_masks(layout.groups)[1]:
         del entries[entries.index(None) :]  # a paged prefix cannot skip a block: stop at the first miss
@@ -158,19 +162,20 @@ def _scan(get: object, keys: Sequence[bytes], layout: Layout) -> Match:
 class IndexSnapshot:
     """A point-in-time copy of an index: plans made against it are reproducible."""
 
-    __slots__ = ("_map", "version")
+    __slots__ = ("_holdings", "_map", "version")
 
-    def __init__(self, mapping: dict[bytes, Holding], version: int) -> None:
+    def __init__(self, mapping: dict[bytes, int], holdings: dict[int | None, Holding | None], version: int) -> None:
         self._map = MappingProxyType(mapping)
+        self._holdings = holdings
         self.version = version
 
     def get(self, key: bytes) -> Holding | None:
         """Exact match: the holding of one key."""
-        return self._map.get(key)
+        return self._holdings[self._map.get(key)]
 
     def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
         """Longest-prefix match against the snapshot."""
-        return _scan(self._map.get, keys, layout)
+        return _scan(self._map.get, self._holdings.__getitem__, keys, layout)
 
     def __len__(self) -> int:
         return len(self._map)
@@ -180,12 +185,14 @@ class IndexSnapshot:
 
 
 class DictIndex:
-    """The builtin matcher: a dict of key -> interned `Holding`, plus a reverse map per location."""
+    """The builtin matcher: key -> code of an interned `Holding`, plus a reverse map per location."""
 
     def __init__(self) -> None:
-        self._map: dict[bytes, Holding] = {}
+        self._map: dict[bytes, int] = {}  # bytes -> int only: the GC never tracks it
+        self._holdings: dict[int | None, Holding | None] = {None: None}  # code -> holding (None: not held)
         self._intern: dict[tuple[tuple[Location, int], ...], Holding] = {}
-        self._by_loc: dict[Location, set[bytes]] = {}
+        self._by_loc: dict[Location, dict[bytes, None]] = {}  # dicts of bytes -> None: untracked, like _map
+        self._codes = itertools.count()
         self.version = 0
 
     def _holding(self, locations: Iterable[tuple[Location, int]]) -> Holding | None:
@@ -194,21 +201,22 @@ class DictIndex:
             return None
         h = self._intern.get(locs)
         if h is None:
-            h = self._intern[locs] = Holding(locs)
+            h = self._intern[locs] = Holding(locs, next(self._codes))
+            self._holdings[h.code] = h
         return h
 
     def insert(self, key: bytes, location: Location, group_mask: int = 1) -> None:
         """Record that `location` holds the groups in `group_mask` for block `key`."""
         if group_mask <= 0:
             raise ValueError(f"group_mask must be positive, got {group_mask}")
-        cur = self._map.get(key)
+        cur = self._holdings[self._map.get(key)]
         if cur is None:
             locs: dict[Location, int] = {location: group_mask}
         else:
             locs = dict(cur.locations)
             locs[location] = locs.get(location, 0) | group_mask
-        self._map[key] = self._holding(locs.items())  # type: ignore[assignment]
-        self._by_loc.setdefault(location, set()).add(key)
+        self._map[key] = self._holding(locs.items()).code  # type: ignore[union-attr]
+        self._by_loc.setdefault(location, {})[key] = None
         self.version += 1
 
     def insert_many(self, keys: Iterable[bytes], location: Location, group_mask: int = 1) -> None:
@@ -216,22 +224,23 @@ class DictIndex:
         if group_mask <= 0:
             raise ValueError(f"group_mask must be positive, got {group_mask}")
         fresh = self._holding(((location, group_mask),))
-        held = self._by_loc.setdefault(location, set())
+        code = fresh.code  # type: ignore[union-attr]
+        held = self._by_loc.setdefault(location, {})
         m = self._map
         for key in keys:
             cur = m.get(key)
             if cur is None:
-                m[key] = fresh  # type: ignore[assignment]
-            elif cur is not fresh:
-                locs = dict(cur.locations)
+                m[key] = code
+            elif cur != code:
+                locs = dict(self._holdings[cur].locations)  # type: ignore[union-attr]
                 locs[location] = locs.get(location, 0) | group_mask
-                m[key] = self._holding(locs.items())  # type: ignore[assignment]
-            held.add(key)
+                m[key] = self._holding(locs.items()).code  # type: ignore[union-attr]
+            held[key] = None
         self.version += 1
 
     def remove(self, key: bytes, location: Location | None = None, group_mask: int | None = None) -> bool:
         """Forget groups (all if None) of `key` at `location` (all if None); True if anything was removed."""
-        cur = self._map.get(key)
+        cur = self._holdings[self._map.get(key)]
         if cur is None:
             return False
         locs = dict(cur.locations)
@@ -249,7 +258,7 @@ class DictIndex:
             if not left:
                 keys = self._by_loc.get(loc)
                 if keys is not None:
-                    keys.discard(key)
+                    keys.pop(key, None)
                     if not keys:
                         del self._by_loc[loc]
         if not changed:
@@ -258,24 +267,25 @@ class DictIndex:
         if h is None:
             del self._map[key]
         else:
-            self._map[key] = h
+            self._map[key] = h.code
         self.version += 1
         return True
 
     def drop_location(self, location: Location) -> int:
         """Forget everything held at `location`; return how many blocks lost it."""
-        keys = self._by_loc.pop(location, set())
+        keys = self._by_loc.pop(location, {})
         for key in keys:
-            cur = self._map[key]
-            h = self._holding((loc, m) for loc, m in cur.locations if loc != location)
+            cur = self._holdings[self._map[key]]
+            h = self._holding((loc, m) for loc, m in cur.locations if loc != location)  # type: ignore[union-attr]
             if h is None:
                 del self._map[key]
             else:
-                self._map[key] = h
+                self._map[key] = h.code
         if keys:
             self.version += 1
             live = set(self._map.values())
-            self._intern = {h.locations: h for h in live}
+            self._holdings = {None: None, **{c: h for c, h in self._holdings.items() if c in live}}
+            self._intern = {h.locations: h for c, h in self._holdings.items() if h is not None}
         return len(keys)
 
     def drop_node(self, node: str, below_epoch: int | None = None) -> int:
@@ -289,11 +299,11 @@ class DictIndex:
 
     def get(self, key: bytes) -> Holding | None:
         """Exact match: the holding of one key."""
-        return self._map.get(key)
+        return self._holdings[self._map.get(key)]
 
     def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
         """Longest-prefix match of a request's block keys against the live index."""
-        return _scan(self._map.get, keys, layout)
+        return _scan(self._map.get, self._holdings.__getitem__, keys, layout)
 
     def holdings(self) -> dict[Location, int]:
         """Blocks held per location."""
@@ -305,7 +315,7 @@ class DictIndex:
 
     def snapshot(self) -> IndexSnapshot:
         """A read-only, point-in-time copy with the same `get` / `match`."""
-        return IndexSnapshot(dict(self._map), self.version)
+        return IndexSnapshot(dict(self._map), dict(self._holdings), self.version)
 
     def __len__(self) -> int:
         return len(self._map)
