@@ -320,9 +320,15 @@ def plan_cmd(request_file: str, config_file: str | None) -> None:
 @cli.command("demo")
 @click.option("--turns", default=4, show_default=True, help="Turns of the multi-turn chat session.")
 @click.option("--requests", default=300, show_default=True, help="Requests in the replayed generated workload.")
-def demo_cmd(turns: int, requests: int) -> None:
+@click.pass_context
+def demo_cmd(ctx: click.Context, turns: int, requests: int) -> None:
     """The main job: identity and isolation, restore points, plans with reasons, and a replay vs baselines."""
+    import os
+
     from nexuskv._demo import run_demo
+
+    if ctx.parent is not None and ctx.parent.params.get("log_level") is None and "NEXUSKV_LOG_LEVEL" not in os.environ:
+        configure_logging(level="warning", force=True)  # the demo prints its own story; decision logs on request
 
     run_demo(turns=turns, echo=click.echo, requests=requests)
 
