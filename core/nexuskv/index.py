@@ -68,19 +68,38 @@ class Holding:
 class Match:
     """The answer of an index to one request's keys: per-block holdings, and restore points computed lazily."""
 
-    __slots__ = ("distinct", "entries", "keys", "layout")
+    __slots__ = ("_entries", "codes", "decode", "distinct", "keys", "layout")
 
     def __init__(
         self,
         keys: Sequence[bytes],
-        entries: list[Holding | None],
+        entries: list[Holding | None] | None,
         layout: Layout,
         distinct: set[Holding | None] | None = None,
+        *,
+        codes: list[int | None] | None = None,
+        decode: Mapping[int | None, Holding | None] | None = None,
     ) -> None:
+        """Wrap a matcher's answer.
+
+        `entries[i]` is block i's holding for the scanned prefix (None: not held anywhere). A matcher that keeps
+        holdings by code may pass `codes` and `decode` instead; entries are then decoded on first use.
+        """
         self.keys = keys
-        self.entries = entries  # entries[i] for the scanned prefix; None = not held anywhere
+        self._entries = entries
+        self.codes = codes
+        self.decode = decode
         self.layout = layout
-        self.distinct = set(entries) if distinct is None else distinct  # few: holdings are interned
+        if distinct is None:
+            distinct = set(self.entries)
+        self.distinct = distinct  # few: holdings are interned
+
+    @property
+    def entries(self) -> list[Holding | None]:
+        """Per-block holdings of the scanned prefix."""
+        if self._entries is None:
+            self._entries = list(map(self.decode.__getitem__, self.codes))  # type: ignore[union-attr, arg-type]
+        return self._entries
 
     def masks(self, tier: str | None = None, node: str | None = None) -> list[int]:
         """Per-block group masks held at `tier` / `node` (None matches any)."""
@@ -150,13 +169,13 @@ class Matcher(Protocol):
         """Number of indexed blocks."""
 
 
-def _scan(get: object, decode: object, keys: Sequence[bytes], layout: Layout) -> Match:
-    entries = list(map(decode, map(get, keys)))  # type: ignore[call-overload]
-    distinct = set(entries)
+def _scan(get: object, decode: Mapping[int | None, Holding | None], keys: Sequence[bytes], layout: Layout) -> Match:
+    codes = list(map(get, keys))  # type: ignore[call-overload]
+    distinct = set(codes)
     if None in distinct and not group_masks(layout.groups)[1]:
-        del entries[entries.index(None) :]  # a paged prefix cannot skip a block: stop at the first miss
-        distinct = set(entries)
-    return Match(keys, entries, layout, distinct)
+        del codes[codes.index(None) :]  # a paged prefix cannot skip a block: stop at the first miss
+        distinct = set(codes)
+    return Match(keys, None, layout, {decode[c] for c in distinct}, codes=codes, decode=decode)
 
 
 class IndexSnapshot:
@@ -175,7 +194,7 @@ class IndexSnapshot:
 
     def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
         """Longest-prefix match against the snapshot."""
-        return _scan(self._map.get, self._holdings.__getitem__, keys, layout)
+        return _scan(self._map.get, self._holdings, keys, layout)
 
     def __len__(self) -> int:
         return len(self._map)
@@ -303,7 +322,7 @@ class DictIndex:
 
     def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
         """Longest-prefix match of a request's block keys against the live index."""
-        return _scan(self._map.get, self._holdings.__getitem__, keys, layout)
+        return _scan(self._map.get, self._holdings, keys, layout)
 
     def holdings(self) -> dict[Location, int]:
         """Blocks held per location."""

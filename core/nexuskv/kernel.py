@@ -538,19 +538,20 @@ class Kernel:
                   "epoch": plan.epoch, "rules": list(plan.rules), "reasons": list(plan.reasons),
                   "predicted": to_dict(plan.predicted), "plan_ms": round((time.perf_counter() - t0) * 1e3, 4),
                   "fallback": fallback}  # fmt: skip
-        try:  # rendering and observers run off the hot path
-            self._observed.put_nowait(record)
-        except queue.Full:
-            self.observer_drops += 1  # the log is slower than decisions: drop and count, never wait
+        # Rendered here: a background renderer competes for the GIL and stalls plans by whole switch intervals.
+        log.info("decision", **record)
+        if self._observers:  # plugin observers are arbitrary code: they run on their own thread
+            try:
+                self._observed.put_nowait(record)
+            except queue.Full:
+                self.observer_drops += 1  # observers are slower than decisions: drop and count, never wait
 
     def _observe(self) -> None:
         while True:
             record = self._observed.get()
             if record is None:
                 return
-            log.info("decision", **record)
-            if self._observers:
-                self.plugins.observe_decision(record)
+            self.plugins.observe_decision(record)
 
     # ------------------------------------------------------------------------------------------ write path
 

@@ -94,8 +94,9 @@ class Planner:
         self._allowed = {t: self.health.allow(t) for t in self.tier_order}
         layout = request.layout
         paged, ckpt = group_masks(layout.groups)
-        entries = match.entries
-        limit = min(len(entries), len(request.token_ids) // layout.page_size)
+        entries = match.entries if match.codes is None or ckpt else ()
+        scanned = len(match.codes) if match.codes is not None else len(entries)
+        limit = min(scanned, len(request.token_ids) // layout.page_size)
         if max_blocks is not None:
             limit = min(limit, max_blocks)
         # Fastest healthy source of each block's paged groups. Holdings are interned and few, so price each
@@ -111,7 +112,11 @@ class Planner:
             code_of[h] = sources.index(src)
         if len(sources) > 255:  # pragma: no cover - more than 255 distinct sources for one request
             raise ValueError("too many distinct sources in one match")
-        codes = bytes(map(code_of.__getitem__, entries[:limit]))
+        if match.codes is not None and match.decode is not None:  # the builtin index: skip decoding holdings
+            by_code = {c: code_of[match.decode[c]] for c in set(match.codes[:limit])}
+            codes = bytes(map(by_code.__getitem__, match.codes[:limit]))
+        else:
+            codes = bytes(map(code_of.__getitem__, entries[:limit]))
         gap = sources.index(("", "")) if ("", "") in sources and paged else -1
         # Paged groups cannot skip a block: the usable prefix ends at the first block without a source.
         end = codes.find(bytes((gap,))) if gap >= 0 else len(codes)

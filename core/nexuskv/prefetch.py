@@ -149,6 +149,7 @@ class Prefetcher:
                     if self._move(slot, task.source, task.target):
                         task.moved += 1
                         self.stats["bytes_moved"] += task.nbytes // len(task.slots)
+                    time.sleep(0)  # hand the GIL to a planning thread between moves, never hold it for a burst
             except Exception as exc:
                 task.error = repr(exc)
                 log.warning("prefetch failed", task=task.task_id, source=task.source, error=task.error)

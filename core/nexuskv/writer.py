@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -89,6 +90,7 @@ class Writer:
                     self._bytes -= it.nbytes
                     self._busy -= 1
                     self._cv.notify_all()
+            time.sleep(0)  # hand the GIL to a planning thread between items
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued is written; False on timeout."""
