@@ -68,7 +68,7 @@ class Holding:
 class Match:
     """The answer of an index to one request's keys: per-block holdings, and restore points computed lazily."""
 
-    __slots__ = ("_entries", "codes", "decode", "distinct", "keys", "layout")
+    __slots__ = ("_entries", "codes", "decode", "distinct", "distinct_codes", "keys", "layout")
 
     def __init__(
         self,
@@ -79,6 +79,7 @@ class Match:
         *,
         codes: list[int | None] | None = None,
         decode: Mapping[int | None, Holding | None] | None = None,
+        distinct_codes: set[int | None] | None = None,
     ) -> None:
         """Wrap a matcher's answer.
 
@@ -89,6 +90,7 @@ class Match:
         self._entries = entries
         self.codes = codes
         self.decode = decode
+        self.distinct_codes = distinct_codes if distinct_codes is not None or codes is None else set(codes)
         self.layout = layout
         if distinct is None:
             distinct = set(self.entries)
@@ -107,16 +109,22 @@ class Match:
 
     def longest(self, tier: str | None = None, node: str | None = None) -> int:
         """Longest valid restore point, in blocks, using only state held at `tier` / `node`."""
-        entries = self.entries
         paged, ckpt = group_masks(self.layout.groups)
         if ckpt:
             return longest_restore_point(self.layout, self.masks(tier, node))
         # Paged groups only: the first block that misses a group ends the prefix. Few distinct holdings
-        # exist, so test each once and find the first bad one with list.index (C speed).
-        end = len(entries)
-        for h in self.distinct:
-            if h is None or h.mask_at(tier, node) & paged != paged:
-                end = min(end, entries.index(h))
+        # exist, so test each once and find the first bad one with list.index (C speed), on the codes when
+        # the index gave codes (no decoding).
+        if self.codes is not None and self.decode is not None:
+            seq: list[object] = self.codes  # type: ignore[assignment]
+            decode = self.decode
+            bad = [c for c in self.distinct_codes if (h := decode[c]) is None or h.mask_at(tier, node) & paged != paged]
+        else:
+            seq = self.entries  # type: ignore[assignment]
+            bad = [h for h in self.distinct if h is None or h.mask_at(tier, node) & paged != paged]
+        end = len(seq)
+        for b in bad:
+            end = min(end, seq.index(b))
         return end
 
     def tokens(self, tier: str | None = None, node: str | None = None) -> int:
@@ -175,7 +183,8 @@ def _scan(get: object, decode: Mapping[int | None, Holding | None], keys: Sequen
     if None in distinct and not group_masks(layout.groups)[1]:
         del codes[codes.index(None) :]  # a paged prefix cannot skip a block: stop at the first miss
         distinct = set(codes)
-    return Match(keys, None, layout, {decode[c] for c in distinct}, codes=codes, decode=decode)
+    return Match(keys, None, layout, {decode[c] for c in distinct}, codes=codes, decode=decode,
+                 distinct_codes=distinct)
 
 
 class IndexSnapshot:

@@ -113,7 +113,7 @@ class Planner:
         if len(sources) > 255:  # pragma: no cover - more than 255 distinct sources for one request
             raise ValueError("too many distinct sources in one match")
         if match.codes is not None and match.decode is not None:  # the builtin index: skip decoding holdings
-            by_code = {c: code_of[match.decode[c]] for c in set(match.codes[:limit])}
+            by_code = {c: code_of[match.decode[c]] for c in match.distinct_codes or set(match.codes)}
             codes = bytes(map(by_code.__getitem__, match.codes[:limit]))
         else:
             codes = bytes(map(code_of.__getitem__, entries[:limit]))
