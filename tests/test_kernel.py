@@ -313,3 +313,13 @@ def test_demotion_moves_evicted_state_one_tier_down():
         assert sum("disk" in t for t in tiers) == 6 and sum("dram" in t for t in tiers) == 4
         plan = k.plan(req, keys=keys)
         assert plan.tokens_reused == 160 and {s.tier for s in plan.spans} == {"dram", "disk"}
+
+
+def test_config_allow_and_block_lists_reach_the_plugin_manager(tmp_path):
+    p = tmp_path / "k.toml"
+    p.write_text('plugins = ["not-installed"]\ndisable_plugins = ["embedded"]\n[control_plane]\nname = "x"\n')
+    with pytest.raises(Exception, match="no plugin answered nexuskv_control_plane"):
+        Kernel.from_config(p, secret=SECRET)
+    p.write_text('plugins = ["not-installed"]\n')
+    with Kernel.from_config(p, secret=SECRET) as k:
+        assert [(q.plugin, q.stage) for q in k.plugins.problems] == [("not-installed", "allow-list")]

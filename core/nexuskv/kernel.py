@@ -65,6 +65,8 @@ class KernelConfig:
     control_plane: dict[str, Any] = field(factory=dict)
     tiers: dict[str, dict[str, Any]] = field(factory=_default_tiers)
     transports: tuple[str, ...] = ("local",)
+    plugins: tuple[str, ...] | None = None  # allow list of entry-point plugins (as NEXUSKV_PLUGINS)
+    disable_plugins: tuple[str, ...] = ()  # block list, builtins included (as NEXUSKV_DISABLE_PLUGINS)
     policies: str | None = None
     profile: str | None = None
     deadline_ms: float = 1.0
@@ -164,7 +166,7 @@ class Kernel:
     ) -> None:
         configure_logging()
         self.config = config or KernelConfig()
-        self.plugins = plugins or PluginManager()
+        self.plugins = plugins or PluginManager(self._plugin_env())
         self.node = self.config.node
         self.keyer = BlockKeyer(
             secret or load_secret(self.config.secret, self.config.secret_file), self.config.page_size
@@ -221,6 +223,16 @@ class Kernel:
         log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
                  policies=self.policies.tenants() if self.policies else [],
                  plugin_problems=len(self.plugins.problems))  # fmt: skip
+
+    def _plugin_env(self) -> dict[str, str]:
+        """The environment the plugin manager reads, with the config's allow / block lists applied on top."""
+        env = dict(os.environ)
+        if self.config.plugins is not None:
+            env["NEXUSKV_PLUGINS"] = ",".join(self.config.plugins)
+        if self.config.disable_plugins:
+            extra = [n for n in env.get("NEXUSKV_DISABLE_PLUGINS", "").split(",") if n.strip()]
+            env["NEXUSKV_DISABLE_PLUGINS"] = ",".join([*extra, *self.config.disable_plugins])
+        return env
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> Kernel:
