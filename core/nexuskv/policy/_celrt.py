@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
@@ -566,40 +567,37 @@ def in_list(x: Any, seq: Iterable[Any]) -> bool:
 # --------------------------------------------------------------------------------------------- logic
 
 
-def and_(fns: tuple[Callable[[], Any], ...], pos: int = -1) -> bool:
-    """`a && b && ...` with CEL's error-absorbing, commutative semantics: any false operand makes it false."""
+def _absorbing(items: Iterable[Any], f: Callable[[Any], Any], decisive: bool,
+               bad: Callable[[Any], CelEvalError]) -> bool:  # fmt: skip
+    """CEL's commutative, error-absorbing logic, shared by `&&`, `||`, `all` and `exists`.
+
+    The first `decisive` operand decides; else the first error (a failing operand, or a non-bool made into
+    `bad(value)`) is raised; else the result is `not decisive`.
+    """
     error: BaseException | None = None
-    for fn in fns:
+    for item in items:
         try:
-            v = fn()
+            v = f(item)
         except Exception as exc:
             error = error or exc
             continue
-        if v is False:
-            return False
-        if v is not True:
-            error = error or _bad_logic("&&", v, pos)
+        if v is decisive:
+            return decisive
+        if v is not (not decisive):
+            error = error or bad(v)
     if error is not None:
         raise error
-    return True
+    return not decisive
+
+
+def and_(fns: tuple[Callable[[], Any], ...], pos: int = -1) -> bool:
+    """`a && b && ...` with CEL's error-absorbing, commutative semantics: any false operand makes it false."""
+    return _absorbing(fns, operator.call, False, lambda v: _bad_logic("&&", v, pos))
 
 
 def or_(fns: tuple[Callable[[], Any], ...], pos: int = -1) -> bool:
     """`a || b || ...` with CEL's error-absorbing, commutative semantics: any true operand makes it true."""
-    error: BaseException | None = None
-    for fn in fns:
-        try:
-            v = fn()
-        except Exception as exc:
-            error = error or exc
-            continue
-        if v is True:
-            return True
-        if v is not False:
-            error = error or _bad_logic("||", v, pos)
-    if error is not None:
-        raise error
-    return False
+    return _absorbing(fns, operator.call, True, lambda v: _bad_logic("||", v, pos))
 
 
 def _bad_logic(op: str, v: Any, pos: int) -> CelEvalError:
@@ -610,38 +608,12 @@ def _bad_logic(op: str, v: Any, pos: int) -> CelEvalError:
 
 def all_x(rng: Iterable[Any], f: Callable[[Any], Any], pos: int = -1) -> bool:
     """`all` macro: false if any element gives false (errors elsewhere are absorbed), else error or true."""
-    error: BaseException | None = None
-    for x in rng:
-        try:
-            r = f(x)
-        except Exception as exc:
-            error = error or exc
-            continue
-        if r is False:
-            return False
-        if r is not True:
-            error = error or CelEvalError(f"all() predicate must be bool, got {kind(r)}")
-    if error is not None:
-        raise error
-    return True
+    return _absorbing(rng, f, False, lambda r: CelEvalError(f"all() predicate must be bool, got {kind(r)}"))
 
 
 def exists_x(rng: Iterable[Any], f: Callable[[Any], Any], pos: int = -1) -> bool:
     """`exists` macro: true if any element gives true (errors elsewhere are absorbed), else error or false."""
-    error: BaseException | None = None
-    for x in rng:
-        try:
-            r = f(x)
-        except Exception as exc:
-            error = error or exc
-            continue
-        if r is True:
-            return True
-        if r is not False:
-            error = error or CelEvalError(f"exists() predicate must be bool, got {kind(r)}")
-    if error is not None:
-        raise error
-    return False
+    return _absorbing(rng, f, True, lambda r: CelEvalError(f"exists() predicate must be bool, got {kind(r)}"))
 
 
 def as_bool(v: Any, pos: int = -1) -> bool:
