@@ -92,3 +92,13 @@ def test_demo_numbers():
     assert out["plan congested"] == 0  # loading from the congested disk would lose: recompute
     assert out["replay congested disk and redis (5% bandwidth)"] < 1000  # beats both baselines
     assert out["replay normal links"] <= 1000  # never worse than the better one
+
+
+def test_plan_prints_the_plan_and_why(run, tmp_path):
+    f = tmp_path / "req.json"
+    f.write_text(json.dumps(to_dict(make_request(range(100)))))
+    res = CliRunner().invoke(cli, ["--log-level", "warning", "plan", "--request", str(f)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert plan["action"] == "recompute" and plan["tokens_total"] == 100
+    assert "why: match: nothing reusable" in res.stderr

@@ -318,3 +318,15 @@ def test_writer_failures_never_reach_the_caller():
         assert k.plan(req).action == PlanAction.RECOMPUTE
     finally:
         k.close()
+
+
+def test_a_failing_transport_trips_its_own_breaker_and_plans_recompute(kernel):
+    req = make_request(range(320))
+    keys = kernel.keys(req)
+    kernel.commit(req, [bytes([i]) * 4096 for i in range(len(keys))], keys=keys)
+    assert kernel.flush(5)
+    for _ in range(3):  # e.g. an RDMA link that keeps timing out while the tier itself is fine
+        kernel.health.breaker("transport:local").failure("link reset")
+    plan = kernel.plan(req, keys=keys)
+    assert plan.action == PlanAction.RECOMPUTE and "transport:local circuit open" in plan.reasons[0]
+    assert kernel.health.breaker("dram").state == "closed"

@@ -495,6 +495,10 @@ class Kernel:
             if not self.control_ok():
                 return self._fallback(request, decision_id, t0,
                                       f"control plane unavailable ({self._control_error or 'lease not renewed'})")
+            mover = f"transport:{self.planner.transport}"
+            if not self.health.allow(mover):
+                return self._fallback(request, decision_id, t0, f"{mover} circuit open "
+                                      f"({self.health.breaker(mover).last_error})")  # fmt: skip
             stage = "keys"
             if keys is None:
                 keys = self.keys_for(request, session)
@@ -661,6 +665,7 @@ class Kernel:
                 got, bad = future.result(timeout=limit / 1e3)
             except concurrent.futures.TimeoutError:
                 self.health.breaker(span.tier).failure(f"load timed out after {limit:g} ms", severe=True)
+                self.health.breaker(f"transport:{span.transport}").failure(f"load from {span.tier} timed out")
                 first_bad = span.start // page
                 return self._partial(plan, states, first_bad, page, f"tier {span.tier} timed out")
             except Exception as exc:
@@ -671,6 +676,7 @@ class Kernel:
                 b, why = bad
                 return self._partial(plan, states, b, page, why)
             self.health.breaker(span.tier).success()
+            self.health.breaker(f"transport:{span.transport}").success()
         return Materialized(plan, last, last * page, states)
 
     async def amaterialize(self, plan: Plan, request: Request, **kwargs: Any) -> Materialized:
