@@ -4,7 +4,7 @@ import time
 import attrs
 import pytest
 
-from nexuskv import ChecksumError, ConfigError, Kernel, KernelConfig, Location
+from nexuskv import ChecksumError, ConfigError, Kernel, KernelConfig, Location, ModelIdentity
 from tests.conftest import SECRET, layout_of, make_request
 
 
@@ -323,3 +323,25 @@ def test_config_allow_and_block_lists_reach_the_plugin_manager(tmp_path):
     p.write_text('plugins = ["not-installed"]\n')
     with Kernel.from_config(p, secret=SECRET) as k:
         assert [(q.plugin, q.stage) for q in k.plugins.problems] == [("not-installed", "allow-list")]
+
+
+def test_shared_documents_are_reused_only_by_granted_tenants():
+    with policy_kernel() as k:
+        model = ModelIdentity(name="tiny-llama", revision="1")  # rag shares docs for this model only
+        docs = list(range(5000, 5000 + 320))
+        owner = make_request(docs, tenant="rag", scope="docs", model=model)  # shared with chat and partner-a
+        commit_and_flush(k, owner)
+        question = docs + list(range(90000, 90040))
+        plan = k.plan(make_request(question, tenant="chat", model=model))
+        assert plan.action == PlanAction.MATERIALIZE and plan.tokens_reused == 320
+        assert plan.namespace is not None and (plan.namespace.tenant, plan.namespace.scope) == ("rag", "docs")
+        assert plan.reasons[0] == "shared by tenant rag (scope docs)"
+        reader = make_request(question, tenant="chat", model=model)
+        got = k.materialize(plan, reader, keys=k.keys(reader))  # the caller's own keys are not the owner's
+        assert got.complete and bytes(got.states[(3, 0)].payload) == bytes([3]) * 4096
+        # not granted: another tenant sees nothing
+        assert k.plan(make_request(question, tenant="globex", model=model)).tokens_reused == 0
+        # the strict tenant is not granted, and its own policy refuses shared state anyway
+        assert k.plan(make_request(question, tenant="strict", model=model)).tokens_reused == 0
+        # partner-a is granted too
+        assert k.plan(make_request(question, tenant="partner-a", model=model)).tokens_reused == 320

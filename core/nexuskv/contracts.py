@@ -322,6 +322,9 @@ class Plan:
     spans: tuple[PlanSpan, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Spans to materialize."))
     prefetch: tuple[PlanSpan, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Spans to prefetch."))
     route: str | None = field(default=None, metadata=_doc("Node the request would best run on, if not its own."))
+    namespace: Namespace | None = field(
+        default=None, metadata=_doc("Where the reused state lives when another tenant shares it (null: the request's).")
+    )
     predicted: Predicted = field(factory=Predicted, metadata=_doc("Predicted cost terms."))
     reasons: tuple[str, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Why, in words."))
     rules: tuple[str, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Policy rules that decided."))

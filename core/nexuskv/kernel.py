@@ -26,7 +26,17 @@ import attrs
 import cattrs
 from attrs import define, field
 
-from nexuskv.contracts import Placement, Plan, PlanAction, Request, StateDescriptor, TokenSpan, Usage, to_dict
+from nexuskv.contracts import (
+    Namespace,
+    Placement,
+    Plan,
+    PlanAction,
+    Request,
+    StateDescriptor,
+    TokenSpan,
+    Usage,
+    to_dict,
+)
 from nexuskv.cost import CostModel, load_profile
 from nexuskv.errors import ChecksumError, ConfigError
 from nexuskv.health import Health
@@ -38,6 +48,7 @@ from nexuskv.logs import configure_logging, get_logger
 from nexuskv.planner import Planner, decide, to_plan
 from nexuskv.plugins import PluginManager
 from nexuskv.policy.loader import Policies
+from nexuskv.policy.model import Candidate
 from nexuskv.policy.policyset import plugin_functions
 from nexuskv.prefetch import Prefetcher
 from nexuskv.units import parse_bytes
@@ -152,6 +163,10 @@ class LoadReport:
     reason: str = ""
     corrupt: bool = False
     timeout: bool = False
+
+
+def _gain(plan: Plan) -> float:
+    return plan.predicted.gain_ms if plan.action == PlanAction.MATERIALIZE else 0.0
 
 
 class Kernel:
@@ -517,10 +532,17 @@ class Kernel:
             stage = "policy"
             policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
             stage = "plan"
-            decision = decide(self.planner, request, match, policy, node=request.node or self.node,
-                              decision_id=decision_id, epoch=self.epoch,
-                              inflight=self._inflight(), bandwidth_scale=self.bandwidth_scale,
-                              prefetch_target=self.tier_order[0] if len(self.tier_order) > 1 else "")  # fmt: skip
+            decide_args = dict(node=request.node or self.node, decision_id=decision_id, epoch=self.epoch,
+                               inflight=self._inflight(), bandwidth_scale=self.bandwidth_scale,
+                               prefetch_target=self.tier_order[0] if len(self.tier_order) > 1 else "")  # fmt: skip
+            decision = decide(self.planner, request, match, policy, **decide_args)  # type: ignore[arg-type]
+            stage = "shared state"
+            for owner, scope in self.policies.readable_by(request.tenant) if self.policies is not None else ():
+                if time.perf_counter() - t0 > budget / 1e3:
+                    break  # the own plan stands: shared candidates are an optimisation on top
+                got = self._shared_decision(request, owner, scope, policy, decide_args)
+                if got is not None and _gain(got[0].plan) > _gain(decision.plan):
+                    decision, keys = got
         except Exception as exc:
             log.exception("planning failed", stage=stage, request_id=request.request_id)
             return self._fallback(request, decision_id, t0, f"{stage} failed: {type(exc).__name__}: {exc}")
@@ -528,6 +550,23 @@ class Kernel:
             self._schedule_prefetch(request, keys, decision.plan)
         self._log_decision(decision.plan, t0)
         return decision.plan
+
+    def _shared_decision(self, request: Request, owner: str, scope: str, policy: Any,
+                         decide_args: dict[str, Any]) -> tuple[Any, list[bytes]] | None:  # fmt: skip
+        """A decision over another tenant's shared scope, if its `share` rule grants this request anything."""
+        ns = Namespace(tenant=owner, scope=scope, cache_salt=request.cache_salt)
+        root = self.keyer.root(ns, request.model, request.tokenizer, request.layout)
+        keys = self.keyer.keys(root, request.token_ids, request.extra_inputs)
+        match = self.index.match(keys, request.layout)
+        blocks = match.longest()
+        if not blocks or self.policies is None:
+            return None
+        view = Candidate(tokens=blocks * request.layout.page_size, blocks=blocks, owner=owner, scope=scope,
+                         shared=True, kind=request.layout.kind)  # fmt: skip
+        grant = self.policies.for_tenant(owner).evaluate("share", {"request": request, "match": view})
+        if not grant.allowed:
+            return None
+        return decide(self.planner, request, match, policy, shared_from=ns, **decide_args), keys
 
     def _inflight(self) -> dict[str, float]:
         out: dict[str, float] = dict(self.link_load)
@@ -649,6 +688,9 @@ class Kernel:
         """
         if plan.action != PlanAction.MATERIALIZE or not plan.spans:
             return Materialized(plan, 0, 0, {}, "nothing to load")
+        if plan.namespace is not None:  # state another tenant shares: its keys, whatever the caller passed
+            root = self.keyer.root(plan.namespace, request.model, request.tokenizer, request.layout)
+            keys = self.keyer.keys(root, request.token_ids, request.extra_inputs)
         keys = self.keys(request) if keys is None else keys
         page = request.layout.page_size
         paged, ckpt = group_masks(request.layout.groups)

@@ -13,7 +13,7 @@ from typing import Any
 
 from attrs import define, field
 
-from nexuskv.contracts import Plan, PlanAction, PlanSpan, Predicted, Request
+from nexuskv.contracts import Namespace, Plan, PlanAction, PlanSpan, Predicted, Request
 from nexuskv.cost import CostModel
 from nexuskv.health import Health
 from nexuskv.index import Holding, Match
@@ -196,6 +196,7 @@ def to_plan(
     revision: str = "",
     epoch: int = 0,
     cost: CostModel,
+    namespace: Namespace | None = None,
 ) -> Plan:
     """The `Plan` contract for a decision."""
     total = len(request.token_ids)
@@ -214,7 +215,8 @@ def to_plan(
         predicted = Predicted(t_lookup_ms=cost.lookup_ms(), ttft_ms=cost.prefill_ms(total))
     return Plan(decision_id=decision_id, request_id=request.request_id, tenant=request.tenant, action=action,
                 tokens_total=total, tokens_reused=reused, spans=spans, prefetch=pre, predicted=predicted,
-                reasons=tuple(reasons), rules=tuple(rules), policy_revision=revision, epoch=epoch)  # fmt: skip
+                reasons=tuple(reasons), rules=tuple(rules), policy_revision=revision, epoch=epoch,
+                namespace=namespace)  # fmt: skip
 
 
 @define(frozen=True)
@@ -237,12 +239,14 @@ def decide(
     inflight: Mapping[str, float] | None = None,
     bandwidth_scale: Mapping[str, float] | None = None,
     prefetch_target: str = "",
+    shared_from: Namespace | None = None,
 ) -> Decision:
     """Price the candidates, apply the tenant's reuse rules and minimum gain, and choose.
 
     `policy` is a `PolicySet` (or None: no rules, no minimum gain). A `deny` with `max_tokens` shrinks the
     candidate to the cap; a plain deny rules the candidate out. Blocks past the chosen cut that sit in a slower
-    tier and would pay if they were in `prefetch_target` are proposed for prefetch.
+    tier and would pay if they were in `prefetch_target` are proposed for prefetch. `shared_from` is the
+    namespace of another tenant whose shared state `match` found: reuse rules then see `match.shared`.
     """
     from nexuskv.policy.model import Candidate as MatchView  # the view reuse rules see as `match`
 
@@ -266,7 +270,7 @@ def decide(
         if policy is None:
             chosen = cand
             break
-        verdict = _reuse_verdict(policy, request, cand, node, page, MatchView)
+        verdict = _reuse_verdict(policy, request, cand, node, page, MatchView, shared_from)
         verdicts.append(verdict)
         rules.extend(r for r in verdict.deciding if r not in rules)
         reasons.extend(f"policy warning: {w}" for w in verdict.warnings)
@@ -281,7 +285,7 @@ def decide(
                                                     bandwidth_scale=bandwidth_scale, max_blocks=cap) if c.blocks]
             if capped:
                 alt = best(capped)
-                v2 = _reuse_verdict(policy, request, alt, node, page, MatchView)
+                v2 = _reuse_verdict(policy, request, alt, node, page, MatchView, shared_from)
                 verdicts.append(v2)
                 fits = v2.max_tokens is None or v2.max_tokens >= alt.blocks * page
                 if alt.gain_ms > min_gain and v2.allowed and fits:
@@ -308,9 +312,12 @@ def decide(
     if prefetch:
         reasons.append(f"prefetch {sum(e - f for f, e, _, _ in prefetch) * page} tokens into {prefetch_target} "
                        "for the next request of this prefix")  # fmt: skip
+    if shared_from is not None and chosen is not None:
+        reasons.insert(0, f"shared by tenant {shared_from.tenant} (scope {shared_from.scope})")
     plan = to_plan(request, chosen, action=action, decision_id=decision_id, page=page,
                    transport=planner.transport, prefetch=prefetch, prefetch_to=prefetch_target, reasons=reasons,
-                   rules=rules, revision=getattr(policy, "revision", ""), epoch=epoch, cost=planner.cost)  # fmt: skip
+                   rules=rules, revision=getattr(policy, "revision", ""), epoch=epoch, cost=planner.cost,
+                   namespace=shared_from if chosen is not None else None)  # fmt: skip
     return Decision(plan, PlanDetail(chosen, tuple(cands), tuple(prefetch), tuple(verdicts)))
 
 
@@ -321,11 +328,12 @@ def _blocks_per_tier(c: Candidate) -> list[tuple[str, int]]:
     return list(out.items())
 
 
-def _reuse_verdict(policy: Any, request: Request, cand: Candidate, node: str, page: int, view: Any) -> Any:
-    owner = request.tenant
+def _reuse_verdict(policy: Any, request: Request, cand: Candidate, node: str, page: int, view: Any,
+                   shared_from: Namespace | None = None) -> Any:  # fmt: skip
+    owner, scope = (shared_from.tenant, shared_from.scope) if shared_from else (request.tenant, request.scope)
     match_view = view(tokens=cand.blocks * page, blocks=cand.blocks, tier=cand.slowest_tier,
-                      node=cand.sources[-1][3] if cand.sources else "", owner=owner, scope=request.scope,
-                      shared=False, kind=request.layout.kind)  # fmt: skip
+                      node=cand.sources[-1][3] if cand.sources else "", owner=owner, scope=scope,
+                      shared=owner != request.tenant, kind=request.layout.kind)  # fmt: skip
     predicted = Predicted(t_recompute_ms=cand.t_recompute_ms, t_lookup_ms=cand.t_lookup_ms,
                           t_transfer_ms=cand.t_transfer_ms, t_mount_ms=cand.t_mount_ms, gain_ms=cand.gain_ms)
     return policy.evaluate("reuse", {"request": request, "match": match_view, "tier": cand.slowest_tier,

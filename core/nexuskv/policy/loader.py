@@ -150,6 +150,7 @@ class Policies:
     root: Path
     sets: dict[str, PolicySet] = field(factory=dict)
     revision: str = ""
+    _readers: dict[str, list[tuple[str, str]]] = field(factory=dict, init=False, repr=False, eq=False)
 
     @classmethod
     def load(cls, root: str | Path, functions: Mapping[str, Any] | None = None) -> Policies:
@@ -212,6 +213,20 @@ class Policies:
     def tenants(self) -> list[str]:
         """Names of the loaded policies."""
         return sorted(self.sets)
+
+    def readable_by(self, reader: str) -> list[tuple[str, str]]:
+        """`(owner, scope)` of every other tenant's scope a `share` rule names `reader` (or `*`) for.
+
+        Static: the owner's `share` rule is still evaluated per request (its `when`, its effect).
+        """
+        got = self._readers.get(reader)
+        if got is None:
+            got = []
+            for owner, ps in sorted(self.sets.items()):
+                if owner not in (reader, DEFAULT):
+                    got.extend((owner, scope) for _, scope in ps.grants(reader) if (owner, scope) not in got)
+            self._readers[reader] = got
+        return list(got)
 
 
 def _chain(name: str, loaded: Mapping[str, _Loaded]) -> tuple[list[str], PolicyProblem | None]:
