@@ -556,7 +556,7 @@ class Kernel:
         """A decision over another tenant's shared scope, if its `share` rule grants this request anything."""
         ns = Namespace(tenant=owner, scope=scope, cache_salt=request.cache_salt)
         root = self.keyer.root(ns, request.model, request.tokenizer, request.layout)
-        keys = self.keyer.keys(root, request.token_ids, request.extra_inputs)
+        keys = self._held_prefix_keys(root, request)
         match = self.index.match(keys, request.layout)
         blocks = match.longest()
         if not blocks or self.policies is None:
@@ -567,6 +567,26 @@ class Kernel:
         if not grant.allowed:
             return None
         return decide(self.planner, request, match, policy, shared_from=ns, **decide_args), keys
+
+    def _held_prefix_keys(self, root: bytes, request: Request, chunk: int = 32) -> list[bytes]:
+        """Keys from `root` over the request, a chunk at a time, stopping at the first block nobody holds.
+
+        Looking for shared state costs one chunk of hashing when there is none. Checkpointed layouts can restore
+        past a gap, so they get every key.
+        """
+        if request.extra_inputs or group_masks(request.layout.groups)[1]:
+            return self.keyer.keys(root, request.token_ids, request.extra_inputs)
+        page = request.layout.page_size
+        toks = request.token_ids
+        keys: list[bytes] = []
+        get = self.index.get
+        while len(keys) * page + page <= len(toks):
+            start = len(keys) * page
+            new = self.keyer.extend(keys[-1] if keys else root, toks[start : start + chunk * page], offset=start)
+            keys.extend(new)
+            if not new or any(get(k) is None for k in new):
+                break
+        return keys
 
     def _inflight(self) -> dict[str, float]:
         out: dict[str, float] = dict(self.link_load)
