@@ -568,10 +568,10 @@ class Kernel:
             return None
         return decide(self.planner, request, match, policy, shared_from=ns, **decide_args), keys
 
-    def _held_prefix_keys(self, root: bytes, request: Request, chunk: int = 32) -> list[bytes]:
-        """Keys from `root` over the request, a chunk at a time, stopping at the first block nobody holds.
+    def _held_prefix_keys(self, root: bytes, request: Request, chunk: int = 8) -> list[bytes]:
+        """Keys from `root` over the request, in doubling chunks, stopping at the first block nobody holds.
 
-        Looking for shared state costs one chunk of hashing when there is none. Checkpointed layouts can restore
+        Looking for shared state costs one small chunk of hashing when there is none. Checkpointed layouts can restore
         past a gap, so they get every key.
         """
         if request.extra_inputs or group_masks(request.layout.groups)[1]:
@@ -586,6 +586,7 @@ class Kernel:
             keys.extend(new)
             if not new or any(get(k) is None for k in new):
                 break
+            chunk *= 2
         return keys
 
     def _inflight(self) -> dict[str, float]:
