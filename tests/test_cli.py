@@ -90,6 +90,7 @@ def test_demo_numbers():
     assert out["longest plain LRU"] == 0 and out["longest deeper blocks first"] == 24
     assert out["plan chat"] == out["plan strict"] == out["plan rag"] == 1024
     assert out["plan congested"] == 0  # loading from the congested disk would lose: recompute
+    assert out["shared to chat"] == 1024 and out["shared to globex"] == 0  # rag shares its documents with chat
     assert out["replay congested disk and redis (5% bandwidth)"] < 1000  # beats both baselines
     assert out["replay normal links"] <= 1000  # never worse than the better one
 

@@ -156,6 +156,13 @@ def _decisions(echo: Callable[[str], None], out: dict[str, int]) -> None:
                  f"  predicted TTFT {plan.predicted.ttft_ms:8.1f} ms  rules {list(plan.rules)}")  # fmt: skip
             for reason in plan.reasons:
                 echo(f"           why: {reason}")
+        question = attrs.evolve(req, request_id="chat-q", tenant="chat", scope="",
+                                token_ids=[*req.token_ids, *(random.randrange(32000) for _ in range(40))])
+        for reader in ("chat", "globex"):
+            plan = k.plan(attrs.evolve(question, tenant=reader))
+            out[f"shared to {reader}"] = plan.tokens_reused
+            echo(f"  {reader} asks about rag's document: {plan.action.value}, reuse {plan.tokens_reused} tokens"
+                 f"  ({plan.reasons[0]})")  # fmt: skip
         req = attrs.evolve(req, request_id="rag-2", token_ids=[random.randrange(32000) for _ in range(64 * PAGE)])
         keys = k.keys(req)
         k.commit(req, [random.randbytes(PAGE * BYTES_PER_TOKEN) for _ in keys], keys=keys)
