@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from nexuskv import (
     Kernel,
@@ -13,6 +14,11 @@ from nexuskv import (
     StateGroup,
     TokenizerIdentity,
 )
+
+# Shared, noisy machines: no per-example wall-clock deadline (a slow example is not a wrong one), fixed seeds.
+settings.register_profile("nexuskv", deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("nexuskv")
 
 SECRET = bytes(range(32))
 
