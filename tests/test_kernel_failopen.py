@@ -208,12 +208,13 @@ def test_control_plane_down_at_start_kernel_starts_and_recomputes():
 
 
 def test_control_plane_dying_later_turns_plans_into_recompute():
-    cp = DownControlPlane(fail_from=2)  # grant and join succeed, the first keepalive fails
-    k = Kernel(KernelConfig(node="n1", lease_ttl_s=0.3), plugins=control_plugin(cp), secret=SECRET)
+    cp = DownControlPlane(fail_from=10**9)  # healthy until the test says otherwise
+    k = Kernel(KernelConfig(node="n1", lease_ttl_s=2.0), plugins=control_plugin(cp), secret=SECRET)
     try:
         req, keys = stored(k)
         assert k.plan(req, keys=keys).action == PlanAction.MATERIALIZE
-        deadline = time.monotonic() + 5
+        cp.fail_from = 0  # etcd goes away: the next heartbeat (within ttl / 3) fails
+        deadline = time.monotonic() + 10
         while k.control_ok() and time.monotonic() < deadline:
             time.sleep(0.02)
         plan = k.plan(req, keys=keys)
