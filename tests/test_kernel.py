@@ -345,3 +345,12 @@ def test_shared_documents_are_reused_only_by_granted_tenants():
         assert k.plan(make_request(question, tenant="strict", model=model)).tokens_reused == 0
         # partner-a is granted too
         assert k.plan(make_request(question, tenant="partner-a", model=model)).tokens_reused == 320
+
+
+def test_shipped_example_config_loads():
+    cfg_path = Path(__file__).resolve().parents[1] / "examples" / "kernel.toml"
+    with Kernel.from_config(cfg_path, secret=SECRET) as k:
+        assert k.node == "gpu-0" and k.tier_order == ("dram", "disk")
+        assert k.policies is not None and "chat" in k.policies.tenants()
+        assert k.cost.profile.name == "replay-llama-8b-gpu"
+        assert k.plan(make_request(range(64), tenant="chat")).action == PlanAction.RECOMPUTE
