@@ -63,15 +63,18 @@ class Planner:
         self.cost = cost
         self.health = health
         self.tier_order = tuple(tier_order)  # fastest first
+        self._rank = {t: i for i, t in enumerate(self.tier_order)}
         self.transport = transport
 
-    def _best_source(self, h: Holding | None, need: int, node: str) -> tuple[int, str, str] | None:
+    def _best_source(
+        self, h: Holding | None, need: int, node: str, healthy: frozenset[str]
+    ) -> tuple[int, str, str] | None:
         """(tier rank, tier, node) of the fastest healthy location holding the `need` groups of one block."""
         if h is None:
             return None
         best: tuple[int, int, str, str] | None = None
         for loc, mask in h.locations:
-            if mask & need != need or loc.tier not in self._rank or not self._allowed[loc.tier]:
+            if mask & need != need or loc.tier not in healthy:
                 continue
             remote = 0 if (not node or loc.node == node) else 1
             key = (remote, self._rank[loc.tier], loc.tier, loc.node)
@@ -90,8 +93,8 @@ class Planner:
         max_blocks: int | None = None,
     ) -> list[Candidate]:
         """Every candidate cut worth pricing, priced; the empty cut (recompute all) first."""
-        self._rank = {t: i for i, t in enumerate(self.tier_order)}
-        self._allowed = {t: self.health.allow(t) for t in self.tier_order}
+        # Asked once per call and passed down: concurrent plans never share this snapshot.
+        healthy = frozenset(t for t in self.tier_order if self.health.allow(t))
         layout = request.layout
         paged, ckpt = group_masks(layout.groups)
         entries = match.entries if match.codes is None or ckpt else ()
@@ -105,7 +108,7 @@ class Planner:
         sources: list[tuple[str, str]] = []
         code_of: dict[Holding | None, int] = {}
         for h in match.distinct:
-            s = self._best_source(h, paged, node) if paged else (0, "", "")
+            s = self._best_source(h, paged, node, healthy) if paged else (0, "", "")
             src = (s[1], s[2]) if s is not None else ("", "")
             if src not in sources:
                 sources.append(src)
@@ -131,37 +134,37 @@ class Planner:
             start += n
         cuts = {r[0] for r in runs[1:]} | {end}  # tier boundaries, and the longest cut
         if ckpt:  # checkpointed groups: only blocks with a checkpoint (of every such group) are cuts
-            cuts = self._checkpoint_cuts(entries, end, ckpt, node, cuts)
+            cuts = self._checkpoint_cuts(entries, end, ckpt, node, cuts, healthy)
         scale = bandwidth_scale
-        out = [self._price(0, (), node, inflight, scale, layout.page_size, entries, ckpt)]
+        out = [self._price(0, (), node, inflight, scale, layout.page_size, entries, ckpt, healthy)]
         for b in sorted(c for c in cuts if c > 0):
             cut_runs = tuple((f, min(e, b), t, n) for f, e, t, n in runs if f < b and t)
-            out.append(self._price(b, cut_runs, node, inflight, scale, layout.page_size, entries, ckpt))
+            out.append(self._price(b, cut_runs, node, inflight, scale, layout.page_size, entries, ckpt, healthy))
         return out
 
     def _checkpoint_cuts(self, entries: Sequence[Holding | None], end: int, ckpt: int, node: str,
-                         marks: set[int]) -> set[int]:  # fmt: skip
+                         marks: set[int], healthy: frozenset[str]) -> set[int]:  # fmt: skip
         """Checkpoint cuts: the last checkpoint before each paged boundary, and the last one in each tier.
 
         An earlier checkpoint in a fast tier can beat the last one in a slow tier, so each healthy tier's is priced.
         """
-        ck = [b for b in range(1, end + 1) if self._best_source(entries[b - 1], ckpt, node) is not None]
+        ck = [b for b in range(1, end + 1) if self._best_source(entries[b - 1], ckpt, node, healthy) is not None]
         cuts = {max((b for b in ck if b <= m), default=0) for m in marks}
         found: dict[str, int] = {}
         for b in reversed(ck):
             h = entries[b - 1]
             for loc, mask in h.locations if h is not None else ():
-                if mask & ckpt == ckpt and loc.tier in self._rank and self._allowed[loc.tier]:
+                if mask & ckpt == ckpt and loc.tier in healthy:
                     found.setdefault(loc.tier, b)
-            if len(found) == len(self._rank):
+            if len(found) == len(healthy):
                 break
         return cuts | set(found.values())
 
     def _price(self, blocks: int, runs: tuple[tuple[int, int, str, str], ...], node: str,
                inflight: Mapping[str, float] | None, scale: Mapping[str, float] | None, page: int,
-               entries: Sequence[Holding | None], ckpt: int) -> Candidate:  # fmt: skip
+               entries: Sequence[Holding | None], ckpt: int, healthy: frozenset[str]) -> Candidate:  # fmt: skip
         if ckpt and blocks:
-            c = self._best_source(entries[blocks - 1], ckpt, node)
+            c = self._best_source(entries[blocks - 1], ckpt, node, healthy)
             if c is not None:
                 runs = (*runs, (blocks - 1, blocks, c[1], c[2]))
         block_bytes = self.cost.bytes_per_token * page
