@@ -16,7 +16,7 @@ from attrs import define
 from nexuskv.contracts import Calibration, CodecCost, CostProfile, LinkCost, PrefillCost, from_dict
 from nexuskv.errors import ContractError
 
-__all__ = ["CostModel", "Terms", "default_profile", "load_profile"]
+__all__ = ["CostModel", "Terms", "default_profile", "gain", "load_profile"]
 
 
 def default_profile() -> CostProfile:
@@ -66,6 +66,11 @@ def load_profile(path: str | Path) -> CostProfile:
         raise
 
 
+def gain(t_recompute_ms: float, t_lookup_ms: float, t_transfer_ms: float, t_mount_ms: float) -> float:
+    """G = T_recompute - (T_lookup + T_transfer + T_mount), in milliseconds."""
+    return t_recompute_ms - (t_lookup_ms + t_transfer_ms + t_mount_ms)
+
+
 @define(frozen=True)
 class Terms:
     """The predicted terms of one candidate, in milliseconds."""
@@ -78,7 +83,7 @@ class Terms:
     @property
     def gain_ms(self) -> float:
         """G = T_recompute - (T_lookup + T_transfer + T_mount)."""
-        return self.t_recompute_ms - (self.t_lookup_ms + self.t_transfer_ms + self.t_mount_ms)
+        return gain(self.t_recompute_ms, self.t_lookup_ms, self.t_transfer_ms, self.t_mount_ms)
 
 
 class CostModel:

@@ -14,7 +14,7 @@ from typing import Any
 from attrs import define, field
 
 from nexuskv.contracts import Namespace, Plan, PlanAction, PlanSpan, Predicted, Request
-from nexuskv.cost import CostModel
+from nexuskv.cost import CostModel, gain
 from nexuskv.health import Health
 from nexuskv.index import Holding, Match
 from nexuskv.kinds import group_masks
@@ -33,17 +33,12 @@ class Candidate:
     t_transfer_ms: float
     t_mount_ms: float
 
+    slowest_tier: str = ""  # the slowest tier it reads from (empty when nothing is read): what reuse rules see
+
     @property
     def gain_ms(self) -> float:
         """G of this candidate."""
-        return self.t_recompute_ms - (self.t_lookup_ms + self.t_transfer_ms + self.t_mount_ms)
-
-    slowest: str = ""
-
-    @property
-    def slowest_tier(self) -> str:
-        """The slowest tier the candidate reads from (empty when nothing is read): what reuse rules see."""
-        return self.slowest
+        return gain(self.t_recompute_ms, self.t_lookup_ms, self.t_transfer_ms, self.t_mount_ms)
 
 
 @define(frozen=True)
