@@ -21,6 +21,11 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 ID_BASE = "https://nexuskv.dev/schemas/"
 
 
+def doc(text: str, **schema: Any) -> dict[str, Any]:
+    """attrs field metadata: the field's description plus JSON Schema keywords (`minimum`, `pattern`, ...)."""
+    return {"description": text, **schema}
+
+
 def _is_attrs(tp: Any) -> bool:
     return isinstance(tp, type) and attrs.has(tp)
 

@@ -8,9 +8,11 @@ rules. The JSON Schema is generated from these classes like the other contracts;
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from attrs import define, field
+
+from nexuskv._schema import doc
 
 __all__ = [
     "AdmitRule",
@@ -26,15 +28,6 @@ __all__ = [
 ]
 
 _RULE_NAME = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*$", "maxLength": 128}
-_IDENT = {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}
-
-
-def _doc(text: str, **schema: Any) -> dict[str, Any]:
-    return {"description": text, **schema}
-
-
-def _tuple(value: Any) -> tuple[Any, ...]:
-    return tuple(value)
 
 
 class Effect(enum.StrEnum):
@@ -79,76 +72,76 @@ class Failure(enum.StrEnum):
 class AdmitRule:
     """May produced state be stored? The rule fires when every `match` holds and `when` is true."""
 
-    name: str = field(metadata=_doc("Rule name, unique in its file and kind.", **_RULE_NAME))
-    when: str = field(metadata=_doc("CEL bool: the rule fires when true."))
-    match: tuple[str, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("CEL bool preconditions."))
-    effect: Effect = field(default=Effect.DENY, converter=Effect, metadata=_doc("deny, warn or audit."))
-    message: str = field(default="", metadata=_doc("Static message when the rule fires."))
-    message_expr: str = field(default="", metadata=_doc("CEL string message; wins over `message`."))
-    failure: Failure | None = field(default=None, metadata=_doc("Override of the file's `failure`."))
-    description: str = field(default="", metadata=_doc("What the rule is for."))
+    name: str = field(metadata=doc("Rule name, unique in its file and kind.", **_RULE_NAME))
+    when: str = field(metadata=doc("CEL bool: the rule fires when true."))
+    match: tuple[str, ...] = field(factory=tuple, converter=tuple, metadata=doc("CEL bool preconditions."))
+    effect: Effect = field(default=Effect.DENY, converter=Effect, metadata=doc("deny, warn or audit."))
+    message: str = field(default="", metadata=doc("Static message when the rule fires."))
+    message_expr: str = field(default="", metadata=doc("CEL string message; wins over `message`."))
+    failure: Failure | None = field(default=None, metadata=doc("Override of the file's `failure`."))
+    description: str = field(default="", metadata=doc("What the rule is for."))
 
 
 @define(frozen=True)
 class ReuseRule:
     """May this request reuse this match, and up to how many tokens?"""
 
-    name: str = field(metadata=_doc("Rule name, unique in its file and kind.", **_RULE_NAME))
-    when: str = field(metadata=_doc("CEL bool: the rule fires when true."))
-    match: tuple[str, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("CEL bool preconditions."))
-    effect: Effect = field(default=Effect.DENY, converter=Effect, metadata=_doc("deny, warn or audit."))
+    name: str = field(metadata=doc("Rule name, unique in its file and kind.", **_RULE_NAME))
+    when: str = field(metadata=doc("CEL bool: the rule fires when true."))
+    match: tuple[str, ...] = field(factory=tuple, converter=tuple, metadata=doc("CEL bool preconditions."))
+    effect: Effect = field(default=Effect.DENY, converter=Effect, metadata=doc("deny, warn or audit."))
     max_tokens: str = field(
         default="",
-        metadata=_doc("CEL int: when set, a firing rule caps reuse at this many tokens instead of 0."),
+        metadata=doc("CEL int: when set, a firing rule caps reuse at this many tokens instead of 0."),
     )
-    message: str = field(default="", metadata=_doc("Static message when the rule fires."))
-    message_expr: str = field(default="", metadata=_doc("CEL string message; wins over `message`."))
-    failure: Failure | None = field(default=None, metadata=_doc("Override of the file's `failure`."))
-    description: str = field(default="", metadata=_doc("What the rule is for."))
+    message: str = field(default="", metadata=doc("Static message when the rule fires."))
+    message_expr: str = field(default="", metadata=doc("CEL string message; wins over `message`."))
+    failure: Failure | None = field(default=None, metadata=doc("Override of the file's `failure`."))
+    description: str = field(default="", metadata=doc("What the rule is for."))
 
 
 @define(frozen=True)
 class PlaceRule:
     """Where stored state goes, for how long, and how hard it is to evict. The first firing rule wins."""
 
-    name: str = field(metadata=_doc("Rule name, unique in its file and kind.", **_RULE_NAME))
-    when: str = field(default="true", metadata=_doc("CEL bool: the rule fires when true."))
-    match: tuple[str, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("CEL bool preconditions."))
-    tier: str = field(default="", metadata=_doc("Tier name to place the state in."))
-    tier_expr: str = field(default="", metadata=_doc("CEL string tier name; wins over `tier`."))
+    name: str = field(metadata=doc("Rule name, unique in its file and kind.", **_RULE_NAME))
+    when: str = field(default="true", metadata=doc("CEL bool: the rule fires when true."))
+    match: tuple[str, ...] = field(factory=tuple, converter=tuple, metadata=doc("CEL bool preconditions."))
+    tier: str = field(default="", metadata=doc("Tier name to place the state in."))
+    tier_expr: str = field(default="", metadata=doc("CEL string tier name; wins over `tier`."))
     ttl: str = field(
-        default="", metadata=_doc("Time to live as a CEL duration literal text, e.g. `30m`, `2h`.")
+        default="", metadata=doc("Time to live as a CEL duration literal text, e.g. `30m`, `2h`.")
     )
-    ttl_expr: str = field(default="", metadata=_doc("CEL duration; wins over `ttl`."))
-    priority: float | None = field(default=None, metadata=_doc("Eviction priority (higher is kept longer)."))
-    priority_expr: str = field(default="", metadata=_doc("CEL double or int; wins over `priority`."))
+    ttl_expr: str = field(default="", metadata=doc("CEL duration; wins over `ttl`."))
+    priority: float | None = field(default=None, metadata=doc("Eviction priority (higher is kept longer)."))
+    priority_expr: str = field(default="", metadata=doc("CEL double or int; wins over `priority`."))
     effect: PlaceEffect = field(
-        default=PlaceEffect.APPLY, converter=PlaceEffect, metadata=_doc("apply or audit.")
+        default=PlaceEffect.APPLY, converter=PlaceEffect, metadata=doc("apply or audit.")
     )
-    message: str = field(default="", metadata=_doc("Static message recorded when the rule fires."))
-    failure: Failure | None = field(default=None, metadata=_doc("Override of the file's `failure`."))
-    description: str = field(default="", metadata=_doc("What the rule is for."))
+    message: str = field(default="", metadata=doc("Static message recorded when the rule fires."))
+    failure: Failure | None = field(default=None, metadata=doc("Override of the file's `failure`."))
+    description: str = field(default="", metadata=doc("What the rule is for."))
 
 
 @define(frozen=True)
 class ShareRule:
     """Opt-in sharing: which other tenants may reuse this tenant's state of one scope. Default: none."""
 
-    name: str = field(metadata=_doc("Rule name, unique in its file and kind.", **_RULE_NAME))
-    scope: str = field(metadata=_doc("Sharing scope of the owner's namespace that is shared.", minLength=1))
+    name: str = field(metadata=doc("Rule name, unique in its file and kind.", **_RULE_NAME))
+    scope: str = field(metadata=doc("Sharing scope of the owner's namespace that is shared.", minLength=1))
     tenants: tuple[str, ...] = field(
-        converter=_tuple, metadata=_doc("Tenants granted access; `*` means every tenant.", minItems=1)
+        converter=tuple, metadata=doc("Tenants granted access; `*` means every tenant.", minItems=1)
     )
     when: str = field(
-        default="true", metadata=_doc("CEL bool over the reader's request: grant only when true.")
+        default="true", metadata=doc("CEL bool over the reader's request: grant only when true.")
     )
-    match: tuple[str, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("CEL bool preconditions."))
+    match: tuple[str, ...] = field(factory=tuple, converter=tuple, metadata=doc("CEL bool preconditions."))
     effect: ShareEffect = field(
-        default=ShareEffect.ALLOW, converter=ShareEffect, metadata=_doc("allow or audit.")
+        default=ShareEffect.ALLOW, converter=ShareEffect, metadata=doc("allow or audit.")
     )
-    message: str = field(default="", metadata=_doc("Static message recorded when the rule fires."))
-    failure: Failure | None = field(default=None, metadata=_doc("Override of the file's `failure`."))
-    description: str = field(default="", metadata=_doc("What the rule is for."))
+    message: str = field(default="", metadata=doc("Static message recorded when the rule fires."))
+    failure: Failure | None = field(default=None, metadata=doc("Override of the file's `failure`."))
+    description: str = field(default="", metadata=doc("What the rule is for."))
 
 
 @define(frozen=True)
@@ -157,38 +150,38 @@ class PolicyFile:
 
     CONTRACT: ClassVar[str] = "policy"
 
-    name: str = field(default="", metadata=_doc("Policy name; defaults to the file name without `.toml`."))
+    name: str = field(default="", metadata=doc("Policy name; defaults to the file name without `.toml`."))
     extends: str = field(
-        default="", metadata=_doc("Parent policy name; tenants extend `default` unless set.")
+        default="", metadata=doc("Parent policy name; tenants extend `default` unless set.")
     )
-    description: str = field(default="", metadata=_doc("What the policy is for."))
+    description: str = field(default="", metadata=doc("What the policy is for."))
     failure: Failure = field(
-        default=Failure.DENY, converter=Failure, metadata=_doc("Meaning of evaluation errors.")
+        default=Failure.DENY, converter=Failure, metadata=doc("Meaning of evaluation errors.")
     )
     min_gain_ms: float | None = field(
-        default=None, metadata=_doc("Minimum predicted gain for reuse (ms).", minimum=0)
+        default=None, metadata=doc("Minimum predicted gain for reuse (ms).", minimum=0)
     )
-    max_cost: int | None = field(default=None, metadata=_doc("Static cost budget per expression.", minimum=1))
-    default_tier: str = field(default="", metadata=_doc("Tier when no place rule fires."))
+    max_cost: int | None = field(default=None, metadata=doc("Static cost budget per expression.", minimum=1))
+    default_tier: str = field(default="", metadata=doc("Tier when no place rule fires."))
     variables: dict[str, str] = field(
-        factory=dict, metadata=_doc("Named CEL sub-expressions, in order; each may use earlier ones.")
+        factory=dict, metadata=doc("Named CEL sub-expressions, in order; each may use earlier ones.")
     )
-    admit: tuple[AdmitRule, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Admission rules."))
-    reuse: tuple[ReuseRule, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Reuse rules."))
-    place: tuple[PlaceRule, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Placement rules."))
-    share: tuple[ShareRule, ...] = field(factory=tuple, converter=_tuple, metadata=_doc("Sharing grants."))
-    schema_version: int = field(default=1, metadata=_doc("Policy file format version.", const=1))
+    admit: tuple[AdmitRule, ...] = field(factory=tuple, converter=tuple, metadata=doc("Admission rules."))
+    reuse: tuple[ReuseRule, ...] = field(factory=tuple, converter=tuple, metadata=doc("Reuse rules."))
+    place: tuple[PlaceRule, ...] = field(factory=tuple, converter=tuple, metadata=doc("Placement rules."))
+    share: tuple[ShareRule, ...] = field(factory=tuple, converter=tuple, metadata=doc("Sharing grants."))
+    schema_version: int = field(default=1, metadata=doc("Policy file format version.", const=1))
 
 
 @define(frozen=True)
 class Candidate:
     """What a `reuse` or `share` rule sees as `match`: one candidate reuse of stored state."""
 
-    tokens: int = field(metadata=_doc("Tokens the candidate would restore."))
-    blocks: int = field(default=0, metadata=_doc("Blocks the candidate would restore."))
-    tier: str = field(default="", metadata=_doc("Tier the state is read from."))
-    node: str = field(default="", metadata=_doc("Node holding the state."))
-    owner: str = field(default="", metadata=_doc("Tenant whose namespace holds the state."))
-    scope: str = field(default="", metadata=_doc("Sharing scope of that namespace."))
-    shared: bool = field(default=False, metadata=_doc("True when the owner is another tenant."))
-    kind: str = field(default="", metadata=_doc("Layout kind: dense, latent, windowed, recurrent, hybrid."))
+    tokens: int = field(metadata=doc("Tokens the candidate would restore."))
+    blocks: int = field(default=0, metadata=doc("Blocks the candidate would restore."))
+    tier: str = field(default="", metadata=doc("Tier the state is read from."))
+    node: str = field(default="", metadata=doc("Node holding the state."))
+    owner: str = field(default="", metadata=doc("Tenant whose namespace holds the state."))
+    scope: str = field(default="", metadata=doc("Sharing scope of that namespace."))
+    shared: bool = field(default=False, metadata=doc("True when the owner is another tenant."))
+    kind: str = field(default="", metadata=doc("Layout kind: dense, latent, windowed, recurrent, hybrid."))
