@@ -387,6 +387,10 @@ class Kernel:
         """
         if not verify_checksum(payload, descriptor.checksum):
             raise ChecksumError(f"payload does not match checksum of block {descriptor.key}")
+        return self._store(descriptor, payload, priority)
+
+    def _store(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float) -> bool:
+        """`put` for payloads whose checksum was computed or verified a moment ago (not hashed twice)."""
         tier = descriptor.placement.tier
         store = self.tiers.get(tier)
         if store is None:
@@ -690,7 +694,7 @@ class Kernel:
             breaker = self.health.breaker(where)
             prio = priority if priority is not None else self.default_priority(desc)
             try:
-                ok = self.put(desc, data, priority=prio)
+                ok = self._store(desc, data, prio)  # describe() just computed the checksum of `data`
             except Exception as exc:
                 breaker.failure(f"put failed: {exc!r}")
                 raise
@@ -815,7 +819,7 @@ class Kernel:
             self.quarantine(slot[:-1], slot[-1], source, reason="checksum mismatch during prefetch")
             return False
         desc = attrs.evolve(got.descriptor, placement=Placement(target, self.node, self.epoch))
-        return self.put(desc, got.payload)
+        return self._store(desc, got.payload, 0.0)  # verified just above
 
     def close(self) -> None:
         """Stop the workers, then release tiers, transports and the control-plane lease."""
