@@ -69,7 +69,7 @@ def run_demo(turns: int = 4, echo: Callable[[str], None] = print, seed: int = 7,
             "same tenant, same model": last,
             "tenant globex": _request("g", "globex", history, dense),
             "model revision r2": _request("r2", "acme", history, dense, revision="r2"),
-            "cache salt 'x'": Request(**{**_fields(last), "cache_salt": "x"}),
+            "cache salt 'x'": attrs.evolve(last, cache_salt="x"),
         }
         for label, req in cases.items():
             n = kernel.match(req).tokens()
@@ -193,7 +193,3 @@ def _replay(echo: Callable[[str], None], out: dict[str, int], requests: int) -> 
         for line in summary(res).splitlines():
             echo(f"  {line}")
         echo(f"  NexusKV mean TTFT / best baseline: {res['nexuskv'].mean_ttft_ms / best:.3f}")
-
-
-def _fields(req: Request) -> dict[str, object]:
-    return {f.name: getattr(req, f.name) for f in attrs.fields(Request)}

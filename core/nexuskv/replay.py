@@ -170,7 +170,7 @@ def _tokens(rec: TraceRecord) -> list[int]:
     return out
 
 
-def _kernel(strategy: str, profile_path: str, tiers: Mapping[str, int], scale: Mapping[str, float],
+def _kernel(profile_path: str, tiers: Mapping[str, int], scale: Mapping[str, float],
             policies: str | None, secret: bytes, eviction: str = "cost") -> Any:  # fmt: skip
     from nexuskv.kernel import Kernel, KernelConfig
 
@@ -201,7 +201,7 @@ def replay(
     secret = bytes(range(32))
     results: dict[str, ReplayResult] = {}
     for strategy in strategies:
-        kernel = _kernel(strategy, profile_path, {t: n * payload_bytes for t, n in tier_blocks.items()}, scale,
+        kernel = _kernel(profile_path, {t: n * payload_bytes for t, n in tier_blocks.items()}, scale,
                          policies, secret, eviction)  # fmt: skip
         try:
             results[strategy] = _run(kernel, strategy, records, scale, payload_bytes)
