@@ -253,9 +253,10 @@ def decide(
     reasons: list[str] = []
     rules: list[str] = []
     verdicts: list[Any] = []
-    held = max(c.blocks for c in cands)
+    longest = max(cands, key=lambda c: c.blocks)  # everything held, however slow
+    held = longest.blocks
     if held:
-        by_tier = ", ".join(f"{t} {n}" for t, n in sorted(_blocks_per_tier(max(cands, key=lambda c: c.blocks))))
+        by_tier = ", ".join(f"{t} {n}" for t, n in sorted(_blocks_per_tier(longest)))
         reasons.append(f"match: {held} of {len(request.token_ids) // page} blocks reusable ({by_tier})")
     else:
         reasons.append("match: nothing reusable")
@@ -301,10 +302,9 @@ def decide(
             reasons.append(f"recompute: best G = {top.gain_ms:.2f} ms does not beat min gain {min_gain:g} ms"
                            if top.gain_ms <= min_gain else "recompute: policy allows no reuse")  # fmt: skip
         elif held:
-            longest = max(cands, key=lambda c: c.blocks)
             reasons.append(f"recompute: reusing {longest.blocks * page} tokens would lose "
                            f"{-longest.gain_ms:.2f} ms (transfer {longest.t_transfer_ms:.2f} ms)")  # fmt: skip
-    prefetch = _prefetch(planner, cands, chosen, prefetch_target, min_gain, page) if prefetch_target else ()
+    prefetch = _prefetch(planner, longest, chosen, prefetch_target, min_gain, page) if prefetch_target else ()
     if prefetch and action == PlanAction.RECOMPUTE:
         action = PlanAction.PREFETCH
     if prefetch:
@@ -338,10 +338,9 @@ def _reuse_verdict(policy: Any, request: Request, cand: Candidate, node: str, pa
                                      "node": node, "cost": predicted})  # fmt: skip
 
 
-def _prefetch(planner: Planner, cands: Sequence[Candidate], chosen: Candidate | None, target: str,
+def _prefetch(planner: Planner, longest: Candidate, chosen: Candidate | None, target: str,
               min_gain: float, page: int) -> tuple[tuple[int, int, str, str], ...]:  # fmt: skip
     """Runs of the longest candidate that are not in `target` and would pay if they were."""
-    longest = max(cands, key=lambda c: c.blocks)
     if not longest.blocks:
         return ()
     slow = tuple(r for r in longest.sources if r[2] != target)
