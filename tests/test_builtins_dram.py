@@ -94,3 +94,23 @@ def test_thread_safe_puts():
 def test_bad_capacity():
     with pytest.raises(ValueError):
         DramStore(0)
+
+
+def test_ttl_expires_on_read_and_reports_like_an_eviction(monkeypatch):
+    import nexuskv.builtins.dram as dram
+
+    now = [100.0]
+    monkeypatch.setattr(dram.time, "monotonic", lambda: now[0])
+    reported = []
+    st_ = DramStore(100)
+    st_.set_eviction_callback(lambda slot, desc, data: reported.append((slot, data)))
+    assert st_.put(s(1), b"abc", D, ttl_s=5.0)
+    assert st_.put(s(2), b"def", D)  # no TTL: kept
+    now[0] += 4.0
+    assert st_.get(s(1)) is not None and reported == []
+    now[0] += 2.0
+    assert st_.get(s(1)) is None and reported == [(s(1), None)]
+    assert st_.used_bytes() == 3 and st_.get(s(2)) is not None
+    assert st_.put(s(1), b"abc", D, ttl_s=5.0) and st_.put(s(1), b"abc", D)  # a later put without TTL clears it
+    now[0] += 60.0
+    assert st_.get(s(1)) is not None

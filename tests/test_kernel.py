@@ -354,3 +354,70 @@ def test_shipped_example_config_loads():
         assert k.policies is not None and "chat" in k.policies.tenants()
         assert k.cost.profile.name == "replay-llama-8b-gpu"
         assert k.plan(make_request(range(64), tenant="chat")).action == PlanAction.RECOMPUTE
+
+
+# ------------------------------------------------------------------------------------------ TTL and persistent tiers
+
+
+class _RecordingStore:
+    """A DRAM store that records the TTL it was given and lists its descriptors (a persistent tier's hook)."""
+
+    def __init__(self, name="dram", capacity_bytes=1 << 20, seed=()):
+        from nexuskv.builtins.dram import DramStore
+
+        self.inner = DramStore(capacity_bytes, name)
+        self.name, self.capacity_bytes, self.ttls = name, capacity_bytes, []
+        for slot, payload, desc in seed:
+            self.inner.put(slot, payload, desc)
+
+    def put(self, slot, payload, descriptor, priority=0.0, ttl_s=None):
+        self.ttls.append(ttl_s)
+        return self.inner.put(slot, payload, descriptor, priority, ttl_s)
+
+    def descriptors(self):
+        return [(slot, self.inner.get(slot).descriptor) for slot in self.inner.slots()]
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __contains__(self, slot):
+        return slot in self.inner
+
+
+def _kernel_with_store(factory, **cfg):
+    class Plugin:
+        @hookimpl
+        def nexuskv_register_tier_stores(self, register):
+            register("recording", factory)
+
+    pm = PluginManager({}, entry_points=False)
+    pm.register(Plugin(), "recording")
+    base = dict(node="n1", tiers={"dram": {"store": "recording"}})
+    base.update(cfg)
+    return Kernel(KernelConfig(**base), plugins=pm, secret=SECRET)
+
+
+def test_place_rule_ttl_reaches_the_store():
+    stores = []
+
+    def factory(**kw):
+        stores.append(_RecordingStore(**kw))
+        return stores[-1]
+
+    with _kernel_with_store(factory, policies=POLICIES) as k:
+        commit_and_flush(k, make_request(range(64), tenant="chat"))
+        assert stores[0].ttls and all(t == 3600.0 for t in stores[0].ttls)  # default.toml: hot-in-dram, 1h
+
+
+def test_persistent_tier_is_reindexed_at_start():
+    from nexuskv.interfaces import slot_of
+
+    req = make_request(range(64))
+    with policy_kernel() as k:  # produce real descriptors and payloads
+        _, keys = commit_and_flush(k, req, size=64)
+        seed = [(slot_of(key), k.tiers["dram"].get(slot_of(key)).payload, k.tiers["dram"].get(slot_of(key)).descriptor)
+                for key in keys]  # fmt: skip
+    with _kernel_with_store(lambda **kw: _RecordingStore(seed=seed, **kw)) as k2:
+        plan_keys = k2.keys(req)
+        assert plan_keys == keys and k2.match(req, keys).tokens() == 64
+        assert bytes(k2.load(keys[2]).payload) == bytes([2]) * 64

@@ -13,7 +13,16 @@ from attrs import define
 
 from nexuskv.contracts import StateDescriptor
 
-__all__ = ["ControlPlane", "EvictionCallback", "Lease", "StoredState", "TierStore", "Transport", "slot_of"]
+__all__ = [
+    "ControlPlane",
+    "EvictionCallback",
+    "Lease",
+    "PersistentTierStore",
+    "StoredState",
+    "TierStore",
+    "Transport",
+    "slot_of",
+]
 
 
 def slot_of(key: bytes, group: int = 0) -> bytes:
@@ -46,8 +55,19 @@ class TierStore(Protocol):
     name: str
     capacity_bytes: int
 
-    def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0) -> bool:
-        """Store a payload; False when it cannot fit. May evict lower-priority payloads first."""
+    def put(
+        self,
+        slot: bytes,
+        payload: bytes | memoryview,
+        descriptor: StateDescriptor,
+        priority: float = 0.0,
+        ttl_s: float | None = None,
+    ) -> bool:
+        """Store a payload; False when it cannot fit. May evict lower-priority payloads first.
+
+        `ttl_s` (from the tenant's `place` rule) bounds how long the payload may be served; None means no limit.
+        A payload that expires is reported through the eviction callback like an eviction (payload None).
+        """
 
     def get(self, slot: bytes) -> StoredState | None:
         """Read a payload back, or None on a miss."""
@@ -69,6 +89,14 @@ class TierStore(Protocol):
 
     def close(self) -> None:
         """Release resources."""
+
+
+@runtime_checkable
+class PersistentTierStore(TierStore, Protocol):
+    """A tier whose payloads outlive the process (disk, a remote server): the kernel re-indexes it at start."""
+
+    def descriptors(self) -> Iterable[tuple[bytes, StateDescriptor]]:
+        """(slot, descriptor) of every payload held, from the store's own metadata (no payload reads)."""
 
 
 @runtime_checkable

@@ -42,7 +42,7 @@ from nexuskv.errors import ChecksumError, ConfigError
 from nexuskv.health import Health
 from nexuskv.identity import BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
 from nexuskv.index import DictIndex, Location, Match, Matcher
-from nexuskv.interfaces import ControlPlane, StoredState, TierStore, Transport, slot_of
+from nexuskv.interfaces import ControlPlane, PersistentTierStore, StoredState, TierStore, Transport, slot_of
 from nexuskv.kinds import group_masks
 from nexuskv.logs import configure_logging, get_logger
 from nexuskv.planner import Planner, decide, to_plan
@@ -273,7 +273,18 @@ class Kernel:
                 raise ConfigError(f"tiers.{name}: {exc}") from None
             store.set_eviction_callback(self._evicted_from(name))
             tiers[name] = store
+            if isinstance(store, PersistentTierStore):
+                self._reindex(name, store)
         return tiers
+
+    def _reindex(self, name: str, store: PersistentTierStore) -> None:
+        """Index what a persistent tier already holds (written by an earlier run of this node)."""
+        n = 0
+        for slot, desc in store.descriptors():
+            self.index.insert(slot[:-1], Location(name, desc.placement.node, desc.placement.epoch), 1 << slot[-1])
+            n += 1
+        if n:
+            log.info("tier re-indexed at start", tier=name, payloads=n)
 
     def _build_transports(self) -> dict[str, Transport]:
         factories = self.plugins.transports()
@@ -389,7 +400,8 @@ class Kernel:
             raise ChecksumError(f"payload does not match checksum of block {descriptor.key}")
         return self._store(descriptor, payload, priority)
 
-    def _store(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float) -> bool:
+    def _store(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float,
+               ttl_s: float | None = None) -> bool:  # fmt: skip
         """`put` for payloads whose checksum was computed or verified a moment ago (not hashed twice)."""
         tier = descriptor.placement.tier
         store = self.tiers.get(tier)
@@ -398,7 +410,9 @@ class Kernel:
         if descriptor.placement.node != self.node:
             descriptor = attrs.evolve(descriptor, placement=Placement(tier, self.node, self.epoch))
         key = bytes.fromhex(descriptor.key)
-        if not store.put(slot_of(key, descriptor.group), payload, descriptor, priority):
+        slot = slot_of(key, descriptor.group)
+        if not (store.put(slot, payload, descriptor, priority, ttl_s) if ttl_s is not None else
+                store.put(slot, payload, descriptor, priority)):  # fmt: skip
             return False
         self.index.insert(key, Location(tier, self.node, descriptor.placement.epoch), 1 << descriptor.group)
         return True
@@ -671,6 +685,7 @@ class Kernel:
         desc = self.describe(request, block, data, tier=first, group=group, keys=keys)
         policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
         priority: float | None = None
+        ttl_s: float | None = None
         tier = first
         if policy is not None:
             admit = policy.evaluate("admit", {"state": desc, "request": request, "node": self.node})
@@ -682,6 +697,7 @@ class Kernel:
             if place.placement is not None:
                 tier = place.placement.tier or tier
                 priority = place.placement.priority
+                ttl_s = place.placement.ttl_s
         if tier not in self.tiers:
             log.warning("place rule names an unknown tier; using the fastest", tier=tier, fallback=first)
             tier = first
@@ -694,7 +710,7 @@ class Kernel:
             breaker = self.health.breaker(where)
             prio = priority if priority is not None else self.default_priority(desc)
             try:
-                ok = self._store(desc, data, prio)  # describe() just computed the checksum of `data`
+                ok = self._store(desc, data, prio, ttl_s)  # describe() just computed the checksum of `data`
             except Exception as exc:
                 breaker.failure(f"put failed: {exc!r}")
                 raise

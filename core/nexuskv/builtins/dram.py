@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Iterator
 
 from nexuskv import EvictionCallback, StateDescriptor, StoredState, hookimpl
@@ -17,7 +18,8 @@ class DramStore:
 
     Eviction order: lowest `priority` first, least recently used among equals. `get` returns a read-only
     memoryview over the stored bytes (no copy). Thread-safe. Payloads are not re-verified on read: the
-    loader checks the descriptor checksum wherever a payload is restored.
+    loader checks the descriptor checksum wherever a payload is restored. A payload put with `ttl_s` is dropped
+    (and reported like an eviction) when it is next read after it expired.
     """
 
     def __init__(self, capacity_bytes: int = 1 << 30, name: str = "dram") -> None:
@@ -33,12 +35,14 @@ class DramStore:
         self._on_evict: EvictionCallback | None = None
         self.evictions = 0
         self.floor = 0.0  # priority of the most valuable payload evicted so far (GreedyDual's L)
+        self._expires: dict[bytes, float] = {}  # slot -> monotonic deadline, only for payloads put with a TTL
 
     def set_eviction_callback(self, callback: EvictionCallback | None) -> None:
         """Be told (slot, descriptor, payload) about every eviction."""
         self._on_evict = callback
 
-    def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0) -> bool:
+    def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0,
+            ttl_s: float | None = None) -> bool:  # fmt: skip
         """Store a copy of `payload`; evict lower-priority payloads to make room. False if it cannot fit."""
         data = bytes(payload)
         evicted: list[tuple[bytes, StateDescriptor, bytes]] = []
@@ -56,6 +60,10 @@ class DramStore:
                 self._items[slot] = (data, descriptor, priority, seq)
                 heapq.heappush(self._heap, (priority, seq, slot))
                 self._used += len(data)
+                if ttl_s is not None:
+                    self._expires[slot] = time.monotonic() + ttl_s
+                else:
+                    self._expires.pop(slot, None)
                 ok = True
         self._notify(evicted)
         return ok
@@ -84,12 +92,13 @@ class DramStore:
         for prio, _, slot in victims:
             self.floor = max(self.floor, prio)  # GreedyDual aging: new state starts above what was evicted
             item = self._items.pop(slot)
+            self._expires.pop(slot, None)
             self._used -= len(item[0])
             self.evictions += 1
             evicted.append((slot, item[1], item[0]))
         return True
 
-    def _notify(self, evicted: list[tuple[bytes, StateDescriptor, bytes]]) -> None:
+    def _notify(self, evicted: list[tuple[bytes, StateDescriptor, bytes | None]]) -> None:
         cb = self._on_evict
         if cb is not None:
             for slot, desc, data in evicted:
@@ -97,16 +106,25 @@ class DramStore:
 
     def get(self, slot: bytes) -> StoredState | None:
         """The payload (a read-only memoryview) and descriptor of `slot`, or None."""
+        expired = None
         with self._lock:
             item = self._items.get(slot)
-            if item is None:
-                return None
-            data, desc, prio, _ = item
-            seq = next(self._seq)
-            self._items[slot] = (data, desc, prio, seq)
-            heapq.heappush(self._heap, (prio, seq, slot))
-            if len(self._heap) > 2 * len(self._items) + 64:
-                self._compact()
+            if item is not None and self._expires and self._expires.get(slot, float("inf")) <= time.monotonic():
+                self._items.pop(slot)
+                self._expires.pop(slot)
+                self._used -= len(item[0])
+                expired, item = item, None
+            if item is not None:
+                data, desc, prio, _ = item
+                seq = next(self._seq)
+                self._items[slot] = (data, desc, prio, seq)
+                heapq.heappush(self._heap, (prio, seq, slot))
+                if len(self._heap) > 2 * len(self._items) + 64:
+                    self._compact()
+        if item is None:
+            if expired is not None:  # outside the lock: the callback updates the kernel's index
+                self._notify([(slot, expired[1], None)])
+            return None
         return StoredState(memoryview(data), desc)
 
     def _compact(self) -> None:
@@ -119,6 +137,7 @@ class DramStore:
             item = self._items.pop(slot, None)
             if item is None:
                 return False
+            self._expires.pop(slot, None)
             self._used -= len(item[0])
             return True
 
@@ -141,6 +160,7 @@ class DramStore:
         """Drop everything (no eviction callbacks)."""
         with self._lock:
             self._items.clear()
+            self._expires.clear()
             self._heap.clear()
             self._used = 0
 
