@@ -56,7 +56,7 @@ from nexuskv.interfaces import (
 )
 
 # The kernel facade last: it pulls in the plugin manager, whose builtins import the names above.
-from nexuskv.kernel import Kernel, KernelConfig
+from nexuskv.kernel import CommitResult, Kernel, KernelConfig, LoadReport, Materialized
 from nexuskv.kinds import longest_restore_point, valid_restore_point
 from nexuskv.logs import bind_request, configure_logging, get_logger
 from nexuskv.plugins import PluginManager
@@ -70,6 +70,7 @@ __all__ = [
     "Calibration",
     "ChecksumError",
     "CodecCost",
+    "CommitResult",
     "ConfigError",
     "ContractError",
     "ControlPlane",
@@ -85,8 +86,10 @@ __all__ = [
     "Layout",
     "Lease",
     "LinkCost",
+    "LoadReport",
     "Location",
     "Match",
+    "Materialized",
     "Matcher",
     "ModelIdentity",
     "Namespace",

@@ -33,6 +33,7 @@ from nexuskv.contracts import (
     PlanAction,
     Request,
     StateDescriptor,
+    TensorSpec,
     TokenSpan,
     Usage,
     to_dict,
@@ -655,19 +656,23 @@ class Kernel:
         payloads: Mapping[tuple[int, int], bytes | memoryview] | Sequence[bytes | memoryview],
         *,
         keys: Sequence[bytes] | None = None,
+        tensors: Mapping[tuple[int, int], Sequence[TensorSpec]] | None = None,
     ) -> CommitResult:
         """Hand produced state to the bounded writer: `payloads[block]` (group 0) or `payloads[(block, group)]`.
 
-        Returns at once. The writer applies the tenant's `admit` and `place` rules, stores accepted state in
-        its tier and indexes it; what the writer's bounds cannot take is refused (backpressure), never queued
-        without bound.
+        `tensors[(block, group)]` names the raw tensors of a payload (dtype and shape), recorded in its descriptor
+        so a connector can check them before restoring. Returns at once. The writer applies the tenant's `admit`
+        and `place` rules, stores accepted state in its tier and indexes it; what the writer's bounds cannot take
+        is refused (backpressure), never queued without bound.
         """
         keys = self.keys(request) if keys is None else keys
         items = payloads.items() if isinstance(payloads, Mapping) else (((b, 0), p) for b, p in enumerate(payloads))
+        specs = tensors or {}
         work = []
         for (block, group), payload in items:
             data = bytes(payload)  # the engine may reuse its buffer; the queue owns a copy
-            work.append(WriteItem(len(data), (request, keys, block, group, data)))
+            spec = tuple(specs.get((block, group), ()))
+            work.append(WriteItem(len(data), (request, keys, block, group, data, spec)))
         accepted = self.writer.submit(work)
         return CommitResult(accepted=accepted, refused=len(work) - accepted)
 
@@ -679,10 +684,10 @@ class Kernel:
         """Wait until the writer has stored everything queued."""
         return self.writer.flush(timeout)
 
-    def _write(self, item: tuple[Request, Sequence[bytes], int, int, bytes]) -> None:
-        request, keys, block, group, data = item
+    def _write(self, item: tuple[Request, Sequence[bytes], int, int, bytes, tuple[TensorSpec, ...]]) -> None:
+        request, keys, block, group, data, spec = item
         first = self.tier_order[0] if self.tier_order else next(iter(self.tiers))
-        desc = self.describe(request, block, data, tier=first, group=group, keys=keys)
+        desc = self.describe(request, block, data, tier=first, group=group, keys=keys, tensors=spec)
         policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
         priority: float | None = None
         ttl_s: float | None = None
