@@ -1,0 +1,99 @@
+"""Redis tier put/get against plain redis-py SET/GET of the same bytes on the same server, timed interleaved.
+
+`run()` starts its own redis-server (127.0.0.1, free port, no persistence), measures, stops it and returns one
+dict per payload size; `bench/tiers.py` turns them into RESULT lines.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from nexuskv_tier_redis import RedisStore
+from nexuskv_tier_redis.testing import RedisServer
+
+from nexuskv import (
+    Layout,
+    ModelIdentity,
+    Namespace,
+    Placement,
+    StateDescriptor,
+    StateGroup,
+    TokenizerIdentity,
+    TokenSpan,
+    checksum,
+)
+
+__all__ = ["run"]
+
+
+def _descriptor(key: bytes, data: bytes) -> StateDescriptor:
+    return StateDescriptor(key=key.hex(), namespace=Namespace(tenant="bench"), model=ModelIdentity(name="bench"),
+                           tokenizer=TokenizerIdentity(name="bench"),
+                           layout=Layout(groups=[StateGroup(kind="dense", layers=1)]), span=TokenSpan(0, 16),
+                           nbytes=len(data), checksum=checksum(data),
+                           placement=Placement("redis", "bench"))  # fmt: skip
+
+
+def _median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, called in alternation (in dict order) `repeats` times after a warm-up."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def run(sizes: Iterable[int] = (1 << 20, 16 << 20), repeats: int = 7) -> list[dict[str, Any]]:
+    """Medians (seconds) of the tier's put / get and of plain SET / GET, per payload size.
+
+    Both sides use one client configuration (redis-py, same timeouts, same server); the tier stores in 4 MiB
+    chunks in one MULTI/EXEC and reads back with one HMGET, the baseline is one SET / GET of the whole value.
+    """
+    out: list[dict[str, Any]] = []
+    with RedisServer() as server:
+        store = RedisStore(url=server.url, prefix="bench" + uuid.uuid4().hex[:8], capacity_bytes=1 << 30)
+        plain = server.client()
+        try:
+            for size in sizes:
+                data = os.urandom(size)
+                key = os.urandom(16)
+                slot = key + b"\x00"
+                desc = _descriptor(key, data)
+                plain_key = b"plain:" + key.hex().encode()
+
+                def get(slot: bytes = slot, size: int = size) -> None:
+                    got = store.get(slot)
+                    assert got is not None and len(got.payload) == size
+
+                def base_get(k: bytes = plain_key, size: int = size) -> None:
+                    got = plain.get(k)
+                    assert got is not None and len(got) == size  # type: ignore[arg-type]
+
+                times = _median_times({
+                    "put_s": lambda s=slot, d=data, ds=desc: store.put(s, d, ds),
+                    "base_put_s": lambda k=plain_key, d=data: plain.set(k, d),
+                    "get_s": get,
+                    "base_get_s": base_get,
+                }, repeats)  # fmt: skip
+                out.append({"tier": "redis", "size": size, **times})
+                store.delete(slot)
+                plain.delete(plain_key)
+        finally:
+            plain.close()
+            store.close()
+    return out
