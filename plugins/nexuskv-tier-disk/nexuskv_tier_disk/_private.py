@@ -1,0 +1,273 @@
+"""Private helpers of the disk tier: the payload file format, durable file writes and fast descriptor parsing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import struct
+from typing import Any
+
+import attrs
+import numpy as np
+import xxhash
+from attrs import frozen
+
+from nexuskv import Placement, StateDescriptor, TokenSpan, Usage, from_dict, to_dict
+
+MAGIC = b"NKVD"
+VERSION = 1
+SUFFIX = ".nkv"
+TEMP_PREFIX = ".tmp-"  # a write in progress (or one a crash interrupted)
+EVICT_PREFIX = ".evict-"  # an evicted file waiting to be read back for the eviction callback
+
+CODEC_IDS = {"raw": 0, "zstd": 1, "shuffle-zstd": 2}
+CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
+
+# magic, version, codec id, element size, pad, meta length, stored length, raw length, priority, expiry (unix s,
+# 0 = never), xxh3-128 of the stored data; then xxh3-64 of everything before it plus the descriptor JSON.
+_FIXED = struct.Struct("<4sBBBxIQQdd16s")
+_SUM = struct.Struct("<Q")
+FIXED_SIZE = _FIXED.size + _SUM.size
+MAX_META = 1 << 20
+
+
+class CorruptFile(Exception):
+    """A payload file that is partial, damaged or not ours; the message says why."""
+
+
+@frozen
+class Header:
+    """The parsed header of a payload file."""
+
+    codec: str
+    elem_size: int
+    meta_len: int
+    stored_len: int
+    raw_len: int
+    priority: float
+    expires: float  # unix seconds; 0.0 = never
+    digest: bytes
+
+    @property
+    def data_offset(self) -> int:
+        """Where the stored payload starts in the file."""
+        return FIXED_SIZE + self.meta_len
+
+    @property
+    def file_size(self) -> int:
+        """Size of the whole file."""
+        return self.data_offset + self.stored_len
+
+
+def digest(data: bytes | memoryview) -> bytes:
+    """Fast checksum of stored bytes (xxh3-128): every read verifies it."""
+    return xxhash.xxh3_128_digest(data)
+
+
+def encode_meta(descriptor: StateDescriptor) -> bytes:
+    """The descriptor as compact JSON (the contract's JSON form)."""
+    return json.dumps(to_dict(descriptor), separators=(",", ":")).encode()
+
+
+def pack_header(meta: bytes, codec: str, elem_size: int, stored_len: int, raw_len: int, priority: float,
+                expires: float, data_digest: bytes) -> bytes:  # fmt: skip
+    """Fixed header + header checksum + descriptor JSON."""
+    fixed = _FIXED.pack(MAGIC, VERSION, CODEC_IDS[codec], elem_size, len(meta), stored_len, raw_len, priority,
+                        expires, data_digest)  # fmt: skip
+    return fixed + _SUM.pack(xxhash.xxh3_64_intdigest(fixed + meta)) + meta
+
+
+def parse_header(head: bytes | memoryview, meta: bytes | memoryview) -> Header:
+    """Check and parse the fixed header; `meta` is the descriptor JSON that follows it. Raises CorruptFile."""
+    if len(head) < FIXED_SIZE:
+        raise CorruptFile("shorter than a header")
+    magic, version, codec_id, elem, meta_len, stored, raw, prio, expires, dig = _FIXED.unpack_from(head)
+    if magic != MAGIC:
+        raise CorruptFile("bad magic")
+    if version != VERSION:
+        raise CorruptFile(f"unknown format version {version}")
+    if meta_len > MAX_META or len(meta) != meta_len:
+        raise CorruptFile("header truncated")
+    (want,) = _SUM.unpack_from(head, _FIXED.size)
+    h = xxhash.xxh3_64()
+    h.update(head[: _FIXED.size])
+    h.update(meta)
+    if h.intdigest() != want:
+        raise CorruptFile("header checksum mismatch")
+    if codec_id not in CODEC_NAMES:
+        raise CorruptFile(f"unknown codec id {codec_id}")
+    return Header(CODEC_NAMES[codec_id], elem, meta_len, stored, raw, prio, expires, dig)
+
+
+def meta_length(head: bytes | memoryview) -> int:
+    """The descriptor JSON length a (not yet verified) fixed header announces, bounded."""
+    if len(head) < FIXED_SIZE:
+        raise CorruptFile("shorter than a header")
+    n = _FIXED.unpack_from(head)[4]
+    if n > MAX_META:
+        raise CorruptFile("header truncated")
+    return n
+
+
+def read_header(path: str) -> tuple[Header, bytes, int]:
+    """Header, descriptor JSON and file size of a payload file, without reading the payload. Raises CorruptFile."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(4096)
+        n = meta_length(head)
+        if len(head) < FIXED_SIZE + n:
+            head += f.read(FIXED_SIZE + n - len(head))
+    header = parse_header(head[:FIXED_SIZE], head[FIXED_SIZE : FIXED_SIZE + n])
+    return header, bytes(head[FIXED_SIZE : FIXED_SIZE + n]), size
+
+
+def read_verified(fd: int, size: int, chunk: int = 256 << 10) -> tuple[Header, memoryview]:
+    """Read a whole payload file (`size` bytes, as the store recorded it) and verify it; raises CorruptFile.
+
+    Returns the header and a view of the stored bytes. The file is read in chunks and each is hashed while it is
+    still in the CPU cache: hashing the whole payload after reading it costs about twice as much (memory bound).
+    """
+    buf = np.empty(size, dtype=np.uint8)  # not zero-filled, unlike bytearray
+    mv = memoryview(buf)
+    got = _read_into(fd, mv, 0, min(size, max(chunk, FIXED_SIZE)))
+    if got < FIXED_SIZE:
+        raise CorruptFile(f"truncated: {got} of {size} bytes")
+    start = FIXED_SIZE + meta_length(mv)
+    if got < start:
+        got += _read_into(fd, mv, got, min(size, start) - got)
+    header = parse_header(mv[:FIXED_SIZE], mv[FIXED_SIZE:start])
+    if header.file_size != size:
+        raise CorruptFile(f"size mismatch: header says {header.file_size}, file holds {size} bytes")
+    h = xxhash.xxh3_128()
+    h.update(mv[start:got])
+    while got < size:
+        n = _read_into(fd, mv, got, min(chunk, size - got))
+        if not n:
+            raise CorruptFile(f"truncated: {got} of {size} bytes")
+        h.update(mv[got : got + n])
+        got += n
+    if os.pread(fd, 1, size):
+        raise CorruptFile(f"size mismatch: the file is longer than {size} bytes")
+    if h.digest() != header.digest:
+        raise CorruptFile("payload checksum mismatch")
+    return header, mv[start:]
+
+
+def _read_into(fd: int, mv: memoryview, off: int, n: int) -> int:
+    """Fill mv[off:off+n] from the same offset of the file; fewer bytes only at end of file."""
+    done = 0
+    while done < n:
+        got = os.preadv(fd, [mv[off + done : off + n]], off + done)
+        if not got:
+            break
+        done += got
+    return done
+
+
+def write_file(path: str, chunks: list[bytes | memoryview], fsync: bool) -> None:
+    """Create `path` with `chunks` written in order, fsynced when asked; removes it again on any failure."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            views = [memoryview(c).cast("B") for c in chunks]
+            while views:
+                n = os.writev(fd, views)
+                while views and n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                if views and n:
+                    views[0] = views[0][n:]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
+def fsync_dir(dir_fd: int) -> None:
+    """Make renames and unlinks in a directory durable."""
+    os.fsync(dir_fd)
+
+
+# ----------------------------------------------------------------------------------------- descriptor parsing
+
+_PER_BLOCK = ("key", "parent_key", "span", "nbytes", "checksum", "placement", "group", "usage")
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_CHECKSUM = re.compile(r"^[a-z0-9-]+:[0-9a-f]+$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+
+
+def _int(v: Any) -> int:
+    if type(v) is not int or v < 0:
+        raise ValueError(v)
+    return v
+
+
+def _num(v: Any) -> float:
+    if type(v) not in (int, float):
+        raise ValueError(v)
+    return float(v)
+
+
+def _name(v: Any) -> str:
+    if type(v) is not str or len(v) > 256 or not _NAME.match(v):
+        raise ValueError(v)
+    return v
+
+
+def _per_block(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields that differ from block to block, checked as the schema would (raises on anything off)."""
+    key, parent, span, place, usage = data["key"], data["parent_key"], data["span"], data["placement"], data["usage"]
+    if type(key) is not str or not _HEX32.match(key) or not (parent is None or (type(parent) is str and
+                                                                                _HEX32.match(parent))):  # fmt: skip
+        raise ValueError("key")
+    if type(data["checksum"]) is not str or not _CHECKSUM.match(data["checksum"]):
+        raise ValueError("checksum")
+    if set(span) != {"start", "end"} or set(place) != {"tier", "node", "epoch"} or set(usage) != {
+        "created_s", "last_access_s", "hits"}:  # fmt: skip
+        raise ValueError("shape")
+    return {
+        "key": key,
+        "parent_key": parent,
+        "span": TokenSpan(_int(span["start"]), _int(span["end"])),
+        "nbytes": _int(data["nbytes"]),
+        "checksum": data["checksum"],
+        "placement": Placement(_name(place["tier"]), _name(place["node"]), _int(place["epoch"])),
+        "group": _int(data["group"]),
+        "usage": Usage(_num(usage["created_s"]), _num(usage["last_access_s"]), _int(usage["hits"])),
+    }
+
+
+class DescriptorReader:
+    """Parses stored descriptor JSON fast, with the same checks as the schema.
+
+    A full schema validation runs the first time each model / layout / tenant shape is seen; after that only the
+    per-block fields are checked (a restart reads thousands of descriptors that share everything else).
+    """
+
+    def __init__(self) -> None:
+        self._templates: dict[str, StateDescriptor] = {}
+
+    def read(self, meta: bytes) -> StateDescriptor:
+        """The descriptor in `meta`; raises CorruptFile when it is not a valid state descriptor."""
+        try:
+            data = json.loads(meta)
+            if not isinstance(data, dict) or not set(_PER_BLOCK) <= data.keys():
+                raise ValueError("not a descriptor")
+            shared = json.dumps({k: v for k, v in data.items() if k not in _PER_BLOCK}, sort_keys=True)
+            template = self._templates.get(shared)
+            if template is None:
+                desc = from_dict(StateDescriptor, data)
+                self._templates[shared] = desc
+                return desc
+            try:
+                return attrs.evolve(template, **_per_block(data))
+            except (KeyError, TypeError, ValueError):
+                return from_dict(StateDescriptor, data)  # the full check says exactly what is wrong
+        except Exception as exc:
+            raise CorruptFile(f"bad descriptor: {exc}") from None

@@ -1,0 +1,607 @@
+"""The disk tier store: one checksummed file per payload under a directory, bounded in bytes, evicting by priority.
+
+Writes go through a bounded queue to writer threads (temporary file, fsync, rename); reads run on a small bounded
+pool and verify the file's checksum every time; a new store rebuilds its holdings from the directory.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import fcntl
+import heapq
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from attrs import Factory, define
+
+from nexuskv import ConfigError, EvictionCallback, StateDescriptor, StoredState, get_logger
+from nexuskv_tier_disk import _private as fmt
+from nexuskv_tier_disk import codec as codecs
+
+__all__ = ["DiskStore", "Recovery"]
+
+log = get_logger(__name__)
+
+_now = time.time  # wall clock: TTL deadlines are kept in the files and outlive the process
+
+_Evicted = tuple[bytes, StateDescriptor, "bytes | memoryview | None"]
+
+
+@define
+class Recovery:
+    """What a store found in its directory when it started: what it kept and what it discarded, and why."""
+
+    recovered: int = 0
+    recovered_bytes: int = 0
+    temp_removed: list[str] = Factory(list)  # interrupted writes (and evictions) of an earlier process
+    corrupt: list[tuple[str, str]] = Factory(list)  # (file, reason): partial, damaged or unreadable
+    expired: list[str] = Factory(list)  # past their TTL
+    over_capacity: list[str] = Factory(list)  # the lowest-priority files past a (now smaller) capacity
+    ignored: list[str] = Factory(list)  # names that are not ours (left alone)
+
+    @property
+    def discarded(self) -> int:
+        """Files deleted at start for any reason (temporary files included)."""
+        return len(self.temp_removed) + len(self.corrupt) + len(self.expired) + len(self.over_capacity)
+
+
+@define
+class _Entry:
+    descriptor: StateDescriptor
+    priority: float
+    seq: int  # LRU order (changes on every read)
+    gen: int  # identity of this put (a write of an older put never lands)
+    size: int  # bytes counted against capacity: the file size once written, an upper bound while pending
+    expires: float = 0.0  # unix seconds; 0 = never
+    buf: bytes | memoryview | None = None  # the payload while its write is pending (reads are served from it)
+
+
+class DiskStore:
+    """A tier store keeping each payload in its own file under `path`, with a byte capacity.
+
+    Eviction order: lowest `priority` first, least recently used among equals, never above the incoming priority;
+    `floor` is the priority of the most valuable payload evicted (GreedyDual aging). `put` returns at once: the
+    payload is queued for a writer thread and served from memory until its file is in place; it returns False when
+    the payload cannot fit or the write queue is full (backpressure). `get` reads on a bounded pool, verifies the
+    file's xxh3-128 checksum and decodes; a file that fails is a miss, is deleted, logged, and reported through the
+    eviction callback. Evicted files are read back on the writer thread so the callback can demote their payload.
+    """
+
+    def __init__(
+        self,
+        capacity_bytes: int = 1 << 30,
+        name: str = "disk",
+        *,
+        path: str | os.PathLike[str] | None = None,
+        codec: str = "shuffle-zstd",
+        level: int = 3,
+        fsync: bool = True,
+        write_queue: int = 64,
+        write_queue_bytes: int = 256 << 20,
+        write_workers: int = 1,
+        read_workers: int = 2,
+        read_queue: int = 64,
+        read_timeout_s: float | None = 5.0,
+        evict_payloads: bool = True,
+        verify_on_start: bool = False,
+    ) -> None:
+        if path is None:
+            raise ConfigError(f"tier {name}: the disk tier needs a `path` (a directory)")
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        if codec not in codecs.CODECS:
+            raise ValueError(f"codec must be one of {codecs.CODECS}, got {codec!r}")
+        for opt, v in (("write_queue", write_queue), ("write_queue_bytes", write_queue_bytes),
+                       ("write_workers", write_workers), ("read_workers", read_workers)):  # fmt: skip
+            if int(v) < 1:
+                raise ValueError(f"{opt} must be at least 1, got {v}")
+        self.name = name
+        self.capacity_bytes = int(capacity_bytes)
+        self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+        self.codec = codec
+        self.level = int(level)
+        self.fsync = bool(fsync)
+        self.write_queue = int(write_queue)
+        self.write_queue_bytes = int(write_queue_bytes)
+        self.read_timeout_s = read_timeout_s
+        self.evict_payloads = bool(evict_payloads)
+        self.floor = 0.0  # priority of the most valuable payload evicted so far (GreedyDual's L)
+        self.evictions = 0
+        self.rejected = 0  # puts refused by backpressure
+        self.write_errors = 0
+        self.corrupt_reads = 0
+        self.read_timeouts = 0
+        self.problems: collections.deque[tuple[str, str]] = collections.deque(maxlen=256)  # recent (file, why)
+
+        self._items: dict[bytes, _Entry] = {}
+        self._heap: list[tuple[float, int, bytes]] = []
+        self._seq = itertools.count()
+        self._used = 0
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._jobs: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._queued_writes = 0
+        self._queued_bytes = 0
+        self._busy = 0
+        self._closed = False
+        self._stopping = False
+        self._on_evict: EvictionCallback | None = None
+
+        os.makedirs(self.path, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise ConfigError(f"tier {name}: {self.path} is in use by another disk store") from None
+        self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        self.recovery = self._recover(verify_on_start)
+        self._read_slots = threading.BoundedSemaphore(int(read_workers) + max(0, int(read_queue)))
+        self._read_q: queue.SimpleQueue[tuple[int, int, list[Any], threading.Lock] | None] = queue.SimpleQueue()
+        self._readers = [
+            threading.Thread(target=self._read_loop, name=f"nkv-{name}-r{i}", daemon=True)
+            for i in range(int(read_workers))
+        ]
+        self._writers = [
+            threading.Thread(target=self._write_loop, name=f"nkv-{name}-w{i}", daemon=True)
+            for i in range(int(write_workers))
+        ]
+        for t in (*self._writers, *self._readers):
+            t.start()
+
+    # ------------------------------------------------------------------------------------------ protocol
+
+    def set_eviction_callback(self, callback: EvictionCallback | None) -> None:
+        """Be told (slot, descriptor, payload) about every eviction, expiry, failed write and corrupt file."""
+        self._on_evict = callback
+
+    def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0,
+            ttl_s: float | None = None) -> bool:  # fmt: skip
+        """Queue `payload` for writing, evicting lower-priority payloads to make room.
+
+        False (and nothing changes) when it cannot fit without evicting more valuable state, or when the write queue
+        is full. The payload is readable at once.
+        """
+        data = payload if type(payload) is bytes else bytes(payload)
+        meta = fmt.encode_meta(descriptor)
+        need = fmt.FIXED_SIZE + len(meta) + len(data)  # the codec never stores more than the raw bytes
+        expires = _now() + ttl_s if ttl_s is not None else 0.0
+        evicted: list[_Evicted] = []
+        with self._lock:
+            if self._closed:
+                return False
+            if self._queued_writes >= self.write_queue or (
+                self._queued_bytes and self._queued_bytes + len(data) > self.write_queue_bytes
+            ):
+                self.rejected += 1
+                return False
+            old = self._items.pop(slot, None)
+            if old is not None:
+                self._used -= old.size
+            if need > self.capacity_bytes or not self._make_room(need, priority, evicted):
+                if old is not None:  # keep what was there rather than lose both
+                    self._items[slot] = old
+                    self._used += old.size
+                ok = False
+            else:
+                seq = next(self._seq)
+                self._items[slot] = _Entry(descriptor, priority, seq, seq, need, expires, data)
+                heapq.heappush(self._heap, (priority, seq, slot))
+                self._used += need
+                self._jobs.append(("write", slot, seq, data, meta))
+                self._queued_writes += 1
+                self._queued_bytes += len(data)
+                self._cond.notify()
+                ok = True
+        self._notify(evicted)
+        return ok
+
+    def get(self, slot: bytes) -> StoredState | None:
+        """The decoded payload and descriptor of `slot`, checksum verified, or None (a miss, never bad bytes)."""
+        reason = ""
+        with self._lock:
+            e = self._items.get(slot)
+            if e is None or self._closed:
+                return None
+            if e.expires and e.expires <= _now():
+                self._drop(slot, e)
+                expired = e
+            else:
+                expired = None
+                e.seq = next(self._seq)
+                heapq.heappush(self._heap, (e.priority, e.seq, slot))
+                if len(self._heap) > 2 * len(self._items) + 64:
+                    self._heap = [(x.priority, x.seq, k) for k, x in self._items.items()]
+                    heapq.heapify(self._heap)
+                if e.buf is not None:
+                    return StoredState(memoryview(e.buf), e.descriptor)
+                gen, size, desc = e.gen, e.size, e.descriptor
+                try:
+                    fd = os.open(self._file(slot), os.O_RDONLY)  # under the lock: the file of this very entry
+                except OSError as exc:
+                    fd, reason = -1, f"cannot open: {exc.strerror}"
+        if expired is not None:
+            self._notify([(slot, expired.descriptor, None)])
+            return None
+        if fd < 0:
+            self._discard(slot, gen, reason)
+            return None
+        if not self._read_slots.acquire(timeout=self.read_timeout_s):
+            os.close(fd)
+            self.read_timeouts += 1
+            log.warning("disk read queue full; served as a miss", tier=self.name, slot=slot.hex())
+            return None
+        done = threading.Lock()
+        done.acquire()
+        box: list[tuple[bytes | memoryview | None, str]] = []
+        self._read_q.put((fd, size, box, done))
+        if done.acquire(timeout=-1 if self.read_timeout_s is None else self.read_timeout_s):
+            payload, reason = box[0]
+        else:
+            self.read_timeouts += 1
+            log.warning("disk read timed out; served as a miss", tier=self.name, slot=slot.hex(),
+                        timeout_s=self.read_timeout_s)  # fmt: skip
+            return None
+        if payload is None:
+            if reason:  # else the store closed meanwhile: a plain miss
+                self._discard(slot, gen, reason)
+            return None
+        return StoredState(payload, desc)
+
+    def delete(self, slot: bytes) -> bool:
+        """Drop a payload and its file; True if it was held. Deletion is not an eviction: no callback."""
+        with self._lock:
+            e = self._items.get(slot)
+            if e is None:
+                return False
+            self._drop(slot, e)
+            return True
+
+    def __contains__(self, slot: object) -> bool:
+        return slot in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def slots(self) -> Iterator[bytes]:
+        """Every slot held (a snapshot)."""
+        with self._lock:
+            return iter(list(self._items))
+
+    def descriptors(self) -> Iterator[tuple[bytes, StateDescriptor]]:
+        """(slot, descriptor) of every payload held, from memory (rebuilt from file headers at start)."""
+        with self._lock:
+            return iter([(k, e.descriptor) for k, e in self._items.items()])
+
+    def used_bytes(self) -> int:
+        """Bytes held now: file sizes, and an upper bound for payloads whose write is pending."""
+        return self._used
+
+    def pending(self) -> int:
+        """Writes and evictions queued or in progress."""
+        with self._lock:
+            return len(self._jobs) + self._busy
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write and eviction is done; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._jobs or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Finish queued writes (up to `timeout` seconds), stop the threads and release the directory.
+
+        The files stay: a store opened on the directory later serves them again.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if not self.flush(timeout):
+            log.warning("disk tier closed with writes pending", tier=self.name, pending=self.pending())
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for t in self._writers:
+            t.join(timeout)
+        for _ in self._readers:
+            self._read_q.put(None)
+        for t in self._readers:
+            t.join(timeout)
+        with contextlib.suppress(queue.Empty):
+            while True:  # a read that raced with close: answer it as a miss
+                job = self._read_q.get_nowait()
+                if job is not None:
+                    os.close(job[0])
+                    job[2].append((None, ""))
+                    job[3].release()
+        os.close(self._dir_fd)
+        os.close(self._lock_fd)  # releases the directory lock
+
+    def __enter__(self) -> DiskStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def file_of(self, slot: bytes) -> str:
+        """The path of the file that holds (or will hold) `slot`."""
+        return self._file(slot)
+
+    # ------------------------------------------------------------------------------------------ eviction
+
+    def _file(self, slot: bytes) -> str:
+        return os.path.join(self.path, slot.hex() + fmt.SUFFIX)
+
+    def _unlink(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def _drop(self, slot: bytes, e: _Entry) -> None:
+        """Forget an entry and delete its file (lock held). A pending write of it will not land."""
+        del self._items[slot]
+        self._used -= e.size
+        self._unlink(self._file(slot))
+
+    def _make_room(self, need: int, priority: float, evicted: list[_Evicted]) -> bool:
+        """Evict lowest-priority payloads (never above `priority`) until `need` bytes fit; all or nothing."""
+        if self._used + need <= self.capacity_bytes:
+            return True
+        victims: list[tuple[float, int, bytes]] = []
+        freed = 0
+        heap = self._heap
+        while self._used - freed + need > self.capacity_bytes and heap:
+            prio, seq, slot = heap[0]
+            e = self._items.get(slot)
+            if e is None or e.seq != seq:
+                heapq.heappop(heap)  # stale heap entry
+                continue
+            if prio > priority:
+                break
+            victims.append(heapq.heappop(heap))
+            freed += e.size
+        if self._used - freed + need > self.capacity_bytes:
+            for v in victims:  # not enough room without evicting more valuable state: change nothing
+                heapq.heappush(heap, v)
+            return False
+        for prio, _, slot in victims:
+            self.floor = max(self.floor, prio)
+            self.evictions += 1
+            e = self._items.pop(slot)
+            self._used -= e.size
+            path = self._file(slot)
+            if e.buf is not None:  # still in memory: hand it over now; its queued write will not land
+                self._unlink(path)  # an older version of the slot, if any
+                evicted.append((slot, e.descriptor, e.buf))
+            elif self.evict_payloads and self._on_evict is not None:
+                aside = os.path.join(self.path, f"{fmt.EVICT_PREFIX}{slot.hex()}-{e.gen}")
+                try:
+                    os.rename(path, aside)  # read back on a writer thread, then deleted
+                    self._jobs.append(("evict", slot, e.descriptor, aside, e.size))
+                    self._cond.notify()
+                except OSError:
+                    self._unlink(path)
+                    evicted.append((slot, e.descriptor, None))
+            else:
+                self._unlink(path)
+                evicted.append((slot, e.descriptor, None))
+        return True
+
+    def _notify(self, evicted: list[_Evicted]) -> None:
+        cb = self._on_evict
+        if cb is not None:
+            for slot, desc, data in evicted:
+                try:
+                    cb(slot, desc, data)
+                except Exception:
+                    log.exception("eviction callback failed", tier=self.name, slot=slot.hex())
+
+    def _discard(self, slot: bytes, gen: int, reason: str) -> None:
+        """A file failed verification: forget it (if still the same entry), delete it, log and report it."""
+        with self._lock:
+            e = self._items.get(slot)
+            mine = e is not None and e.gen == gen
+            if mine:
+                self._drop(slot, e)
+        self.corrupt_reads += 1
+        self.problems.append((slot.hex() + fmt.SUFFIX, reason))
+        log.warning("disk payload failed verification; dropped and served as a miss", tier=self.name,
+                    file=slot.hex() + fmt.SUFFIX, reason=reason)  # fmt: skip
+        if mine:
+            self._notify([(slot, e.descriptor, None)])
+
+    # ------------------------------------------------------------------------------------------ threads
+
+    def _read(self, fd: int, size: int) -> tuple[bytes | memoryview | None, str]:
+        """Read, verify and decode one file (on a reader thread); (payload, "") or (None, why)."""
+        try:
+            header, stored = fmt.read_verified(fd, size)
+            return codecs.decode(stored, header.codec, header.raw_len, elem_size=header.elem_size), ""
+        except OSError as exc:
+            return None, f"read failed: {exc.strerror}"
+        except (fmt.CorruptFile, ValueError) as exc:
+            return None, str(exc)
+        finally:
+            os.close(fd)
+
+    def _read_loop(self) -> None:
+        while (job := self._read_q.get()) is not None:
+            fd, size, box, done = job
+            try:
+                box.append(self._read(fd, size))
+            except BaseException as exc:  # never leave a reader waiting
+                box.append((None, f"read failed: {exc!r}"))
+            finally:
+                self._read_slots.release()
+                done.release()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._stopping:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                self._busy += 1
+                if job[0] == "write":
+                    self._queued_writes -= 1
+                    self._queued_bytes -= len(job[3])
+            try:
+                if job[0] == "write":
+                    self._write(*job[1:])
+                else:
+                    self._evict_file(*job[1:])
+            except Exception:
+                log.exception("disk tier job failed", tier=self.name, job=job[0])
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def _write(self, slot: bytes, gen: int, data: bytes, meta: bytes) -> None:
+        """Encode and write one payload: temporary file, fsync, rename, directory fsync (on a writer thread)."""
+        with self._lock:
+            e = self._items.get(slot)
+            if e is None or e.gen != gen:
+                return  # evicted, deleted or replaced while queued
+            prio, expires, desc = e.priority, e.expires, e.descriptor
+        enc = codecs.encode(data, self.codec, elem_size=codecs.element_size(desc), level=self.level)
+        head = fmt.pack_header(meta, enc.codec, enc.elem_size, len(enc.data), len(data), prio, expires,
+                               fmt.digest(enc.data))  # fmt: skip
+        tmp = os.path.join(self.path, f"{fmt.TEMP_PREFIX}{slot.hex()}-{gen}")
+        try:
+            fmt.write_file(tmp, [head, enc.data], self.fsync)
+        except OSError as exc:
+            self._write_failed(slot, gen, data, exc)
+            return
+        size = len(head) + len(enc.data)
+        with self._lock:
+            e = self._items.get(slot)
+            if e is None or e.gen != gen:
+                self._unlink(tmp)
+                return
+            try:
+                os.replace(tmp, self._file(slot))
+            except OSError as exc:
+                self._unlink(tmp)
+                self._write_failed(slot, gen, data, exc)
+                return
+            self._used += size - e.size
+            e.size = size
+            e.buf = None
+        if self.fsync:
+            fmt.fsync_dir(self._dir_fd)
+
+    def _write_failed(self, slot: bytes, gen: int, data: bytes, exc: OSError) -> None:
+        """A write failed (disk full, I/O error): drop the entry and report it, payload attached for demotion."""
+        self.write_errors += 1
+        with self._lock:
+            e = self._items.get(slot)
+            mine = e is not None and e.gen == gen
+            if mine:
+                self._drop(slot, e)
+        level = log.error if exc.errno != errno.ENOSPC else log.warning
+        level("disk write failed; payload dropped from the tier", tier=self.name, slot=slot.hex(),
+              error=exc.strerror or str(exc), errno=errno.errorcode.get(exc.errno or 0, exc.errno))  # fmt: skip
+        if mine:
+            self._notify([(slot, e.descriptor, data)])
+
+    def _evict_file(self, slot: bytes, desc: StateDescriptor, aside: str, size: int) -> None:
+        """Read an evicted file back for the callback (so the kernel can demote it), then delete it."""
+        payload: bytes | memoryview | None = None
+        try:
+            fd = os.open(aside, os.O_RDONLY)
+            payload, reason = self._read(fd, size)
+            if payload is None:
+                log.warning("evicted disk payload failed verification; reported without it", tier=self.name,
+                            file=slot.hex() + fmt.SUFFIX, reason=reason)  # fmt: skip
+        except OSError:
+            pass
+        finally:
+            self._unlink(aside)
+        with self._lock:
+            again = slot in self._items  # put again since: the kernel's index entry is the new one's
+        if not again:
+            self._notify([(slot, desc, payload)])
+
+    # ------------------------------------------------------------------------------------------ recovery
+
+    def _recover(self, verify: bool) -> Recovery:
+        """Rebuild the holdings from the directory, deleting interrupted, corrupt and expired files."""
+        rec = Recovery()
+        reader = fmt.DescriptorReader()
+        now = _now()
+        found: list[tuple[int, bytes, _Entry]] = []
+        for name in sorted(os.listdir(self.path)):
+            path = os.path.join(self.path, name)
+            if name.startswith((fmt.TEMP_PREFIX, fmt.EVICT_PREFIX)):
+                self._unlink(path)
+                rec.temp_removed.append(name)
+                continue
+            if name == ".lock":
+                continue
+            if not name.endswith(fmt.SUFFIX) or not os.path.isfile(path):
+                rec.ignored.append(name)
+                continue
+            try:
+                slot = bytes.fromhex(name[: -len(fmt.SUFFIX)])
+                if len(slot) != 17:
+                    raise fmt.CorruptFile("not a slot name")
+                header, meta, size = fmt.read_header(path)
+                if size != header.file_size:
+                    raise fmt.CorruptFile(f"size mismatch: header says {header.file_size}, file has {size} bytes")
+                desc = reader.read(meta)
+                if desc.key != slot[:16].hex() or desc.group != slot[16]:
+                    raise fmt.CorruptFile("descriptor does not match the file name")
+                if verify:
+                    fd = os.open(path, os.O_RDONLY)
+                    payload, reason = self._read(fd, size)
+                    if payload is None:
+                        raise fmt.CorruptFile(reason)
+                mtime = os.stat(path).st_mtime_ns
+            except (fmt.CorruptFile, ValueError, OSError) as exc:
+                reason = str(exc) if not isinstance(exc, OSError) else f"unreadable: {exc.strerror}"
+                rec.corrupt.append((name, reason))
+                self._unlink(path)
+                log.warning("disk tier discarded a file at start", tier=self.name, file=name, reason=reason)
+                continue
+            if header.expires and header.expires <= now:
+                self._unlink(path)
+                rec.expired.append(name)
+                continue
+            found.append((mtime, slot, _Entry(desc, header.priority, 0, 0, size, header.expires)))
+        found.sort(key=lambda f: f[0])
+        for _, slot, e in found:
+            e.seq = e.gen = next(self._seq)
+            self._items[slot] = e
+            self._used += e.size
+            self._heap.append((e.priority, e.seq, slot))
+        heapq.heapify(self._heap)
+        while self._used > self.capacity_bytes and self._heap:
+            _, _, slot = heapq.heappop(self._heap)
+            e = self._items.pop(slot)
+            self._used -= e.size
+            self._unlink(self._file(slot))
+            rec.over_capacity.append(slot.hex() + fmt.SUFFIX)
+        if self._items:
+            self.floor = min(e.priority for e in self._items.values())
+        rec.recovered, rec.recovered_bytes = len(self._items), self._used
+        if rec.discarded:
+            fmt.fsync_dir(self._dir_fd)
+        log.info("disk tier opened", tier=self.name, path=self.path, recovered=rec.recovered,
+                 recovered_bytes=rec.recovered_bytes, temp_removed=len(rec.temp_removed), corrupt=len(rec.corrupt),
+                 expired=len(rec.expired), over_capacity=len(rec.over_capacity))  # fmt: skip
+        return rec
