@@ -1,0 +1,404 @@
+"""The host-wide shared-memory tier store: one POSIX shm segment per slot, owned by its writer's lease.
+
+Any process of the host that opens a `ShmStore` on the same directory and namespace sees the same segments;
+a segment lives as long as its writer's lease, and whichever process notices a dead lease first reclaims it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+
+from nexuskv import EvictionCallback, StateDescriptor, StoredState, from_dict, get_logger, to_dict
+from nexuskv_transport_shm import _private as p
+
+__all__ = ["DEFAULT_DIR", "ShmStore"]
+
+DEFAULT_DIR = "/dev/shm"
+
+log = get_logger(__name__)
+
+
+class ShmStore:
+    """A tier in host shared memory: `put` publishes a segment under this process's lease, `get` maps one.
+
+    - Host-wide: `get`, `slots`, `descriptors` and `in` see every live segment of the namespace, whoever wrote
+      it; `capacity_bytes`, `used_bytes` and eviction concern the payloads *this* store wrote (its lease).
+    - Zero copy: `get` returns a read-only memoryview over a read-only mapping of the segment.
+    - Segments are immutable once published (temp name, then an atomic rename), so a reader never sees a torn
+      payload; a replaced or reclaimed segment stays valid in the memory of whoever still maps it.
+    - Lease-owned: a segment whose lease is not alive (owner killed, hung past the TTL, or closed) or whose
+      `ttl_s` passed is never served; the reaper (at open, then every `reap_interval_s`, in any process)
+      unlinks it. `close` removes this store's segments and lease.
+
+    `shm_dir` must be a tmpfs (the default is where Linux keeps POSIX shm objects); the namespace separates
+    deployments sharing it. Segments are created with `mode` (owner-only by default: KV state is user data).
+    """
+
+    def __init__(self, capacity_bytes: int = 1 << 30, name: str = "shm", *, namespace: str = "nxkv",
+                 shm_dir: str | os.PathLike[str] = DEFAULT_DIR, lease_ttl_s: float = 10.0,
+                 reap_interval_s: float | None = None, mode: int = 0o600) -> None:  # fmt: skip
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        if lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be positive, got {lease_ttl_s}")
+        self.name = name
+        self.capacity_bytes = int(capacity_bytes)
+        self.namespace = p.check_namespace(namespace)
+        self.directory = Path(shm_dir)
+        self._dir = str(self.directory)
+        if not self.directory.is_dir():
+            raise ValueError(f"shm_dir {str(self.directory)!r} is not a directory (the shm tier needs Linux /dev/shm "
+                             "or another tmpfs)")  # fmt: skip
+        self.lease_ttl_s = float(lease_ttl_s)
+        self.reap_interval_s = float(reap_interval_s) if reap_interval_s is not None else self.lease_ttl_s / 2
+        self.mode = mode
+        self.registry = p.LeaseRegistry(self.directory, self.namespace)
+        self.lease_id: str | None = None
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._own: dict[bytes, tuple[int, float, int, int]] = {}  # slot -> (nbytes, priority, seq, inode)
+        self._heap: list[tuple[float, int, bytes]] = []
+        self._seq = itertools.count()
+        self._used = 0
+        self._on_evict: EvictionCallback | None = None
+        self._descs: OrderedDict[bytes, StateDescriptor] = OrderedDict()
+        self._descs_lock = threading.Lock()
+        self.evictions = 0
+        self.reaped = 0
+        self.floor = 0.0
+        self._stop = threading.Event()
+        self.reap()
+        self._thread = threading.Thread(target=self._run, name=f"nexuskv-shm-{name}", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- leases and reaping
+
+    def _run(self) -> None:
+        every = min(self.lease_ttl_s / 3, self.reap_interval_s)
+        next_reap = time.monotonic() + self.reap_interval_s
+        while not self._stop.wait(every):
+            try:
+                self._renew()
+                if time.monotonic() >= next_reap:
+                    next_reap = time.monotonic() + self.reap_interval_s
+                    self.reap()
+                    self._reconcile()
+            except Exception as exc:  # keep beating: a failed round is retried at the next one
+                log.warning("shm lease round failed", tier=self.name, error=repr(exc))
+
+    def _renew(self) -> None:
+        with self._lock:
+            lease = self.lease_id
+            if lease is None or self.registry.renew(lease):
+                return
+            # Expired (we were stalled past the TTL) or reclaimed: others may already treat it as dead, so never
+            # revive it. Drop what it owned; the next put takes a new lease.
+            lost = self._drop_own(lease)
+            self.registry.revoke(lease)
+            self.lease_id = None
+        log.warning("shm lease lost; its segments are dropped", tier=self.name, lease=lease, segments=len(lost))
+        self._notify([(slot, desc, None) for slot, desc in lost])
+
+    def _drop_own(self, lease: str) -> list[tuple[bytes, StateDescriptor]]:
+        """Unlink every segment this store still owns under `lease`; forget them. Caller holds the lock."""
+        lost = []
+        for slot, (_, _, _, ino) in self._own.items():
+            path = self._path(slot)
+            meta = p.read_meta(path)
+            if meta is not None and meta[0].lease_id == lease and p.unlink_if_same(path, ino):
+                lost.append((slot, self._descriptor(meta[1])))
+        self._own.clear()
+        self._heap.clear()
+        self._used = 0
+        return lost
+
+    def _ensure_lease(self) -> str:
+        if self._pid != os.getpid():  # forked: the parent's lease and segments are not ours
+            self._pid = os.getpid()
+            self.lease_id = None
+            self._own.clear()
+            self._heap.clear()
+            self._used = 0
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, name=f"nexuskv-shm-{self.name}", daemon=True)
+            self._thread.start()
+        if self.lease_id is None:
+            self.lease_id = self.registry.grant(self.lease_ttl_s, self.mode)
+            log.info("shm lease granted", tier=self.name, lease=self.lease_id, ttl_s=self.lease_ttl_s)
+        return self.lease_id
+
+    def lease_alive(self, lease_id: str) -> bool:
+        """True while `lease_id` is alive (this store's own lease without a file read)."""
+        if lease_id == self.lease_id and self._pid == os.getpid():
+            return True
+        return self.registry.alive(lease_id)
+
+    def reap(self) -> list[str]:
+        """Reclaim what dead or expired leases left in the namespace; return the names removed.
+
+        Removed segments that were published are reported through the eviction callback (payload None), so a
+        kernel in this process drops them from its index.
+        """
+        removed = p.reap(self.directory, self.namespace, self.registry, grace_s=max(self.lease_ttl_s, 1.0))
+        if not removed:
+            return []
+        self.reaped += len(removed)
+        gone = [(slot, self._descriptor(raw) if raw is not None else None) for _, slot, raw in removed
+                if slot is not None]  # fmt: skip
+        with self._lock:
+            for slot, _ in gone:
+                self._forget(slot)
+        log.info("shm segments reclaimed", tier=self.name, removed=len(removed), segments=len(gone))
+        self._notify([(slot, desc, None) for slot, desc in gone if desc is not None])
+        return [name for name, _, _ in removed]
+
+    def _reconcile(self) -> None:
+        """Forget own slots whose segment was deleted or replaced by another process."""
+        with self._lock:
+            for slot, (_, _, _, ino) in list(self._own.items()):
+                try:
+                    same = os.stat(self._path(slot)).st_ino == ino
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    self._forget(slot)
+
+    # ---------------------------------------------------------------- TierStore
+
+    def set_eviction_callback(self, callback: EvictionCallback | None) -> None:
+        """Be told (slot, descriptor, payload) about every eviction, expiry and reclaimed segment."""
+        self._on_evict = callback
+
+    def _path(self, slot: bytes) -> str:
+        return f"{self._dir}/{self.namespace}-{p.SEGMENT}-{slot.hex()}"
+
+    def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0,
+            ttl_s: float | None = None) -> bool:  # fmt: skip
+        """Publish `payload` as the slot's segment under this process's lease; False if it cannot fit.
+
+        A live segment of another process with the same checksum is kept as is (same block, nothing to write).
+        May evict this store's lower-priority segments first.
+        """
+        nbytes = memoryview(payload).nbytes
+        if nbytes > self.capacity_bytes:
+            return False
+        existing = self._live_meta(slot)
+        if existing is not None and existing[0].lease_id != self.lease_id:
+            desc = self._descriptor(existing[1])
+            if desc is not None and desc.checksum == descriptor.checksum:
+                return True
+        desc_bytes = json.dumps(to_dict(descriptor), separators=(",", ":")).encode()
+        evicted: list[tuple[bytes, StateDescriptor, memoryview | None]] = []
+        with self._lock:
+            lease = self._ensure_lease()
+            old = self._own.pop(slot, None)
+            if old is not None:
+                self._used -= old[0]
+            if not self._make_room(nbytes, priority, evicted):
+                if old is not None:
+                    self._own[slot] = old
+                    self._used += old[0]
+                ok = False
+            else:
+                expires = time.time() + ttl_s if ttl_s is not None else 0.0
+                try:
+                    ino = p.write_segment(self.directory, p.temp_name(self.namespace, lease),
+                                          p.segment_name(self.namespace, slot), desc_bytes, payload, lease,
+                                          expires, priority, self.mode)  # fmt: skip
+                except OSError as exc:
+                    log.warning("shm put failed", tier=self.name, slot=slot.hex(), error=repr(exc))
+                    ok = False  # an old segment of ours may have been kept; reconcile will tell
+                    if old is not None:
+                        self._own[slot] = old
+                        self._used += old[0]
+                else:
+                    seq = next(self._seq)
+                    self._own[slot] = (nbytes, priority, seq, ino)
+                    heapq.heappush(self._heap, (priority, seq, slot))
+                    self._used += nbytes
+                    ok = True
+        self._notify(evicted)
+        return ok
+
+    def _make_room(self, need: int, priority: float, evicted: list) -> bool:  # type: ignore[type-arg]
+        """Evict own segments of priority <= `priority` (lowest first) until `need` more bytes fit; all or nothing."""
+        if self._used + need <= self.capacity_bytes:
+            return True
+        victims: list[tuple[float, int, bytes]] = []
+        freed = 0
+        heap = self._heap
+        while self._used - freed + need > self.capacity_bytes and heap:
+            prio, seq, slot = heap[0]
+            item = self._own.get(slot)
+            if item is None or item[2] != seq:
+                heapq.heappop(heap)
+                continue
+            if prio > priority:
+                break
+            victims.append(heapq.heappop(heap))
+            freed += item[0]
+        if self._used - freed + need > self.capacity_bytes:
+            for v in victims:
+                heapq.heappush(heap, v)
+            return False
+        for prio, _, slot in victims:
+            self.floor = max(self.floor, prio)
+            nbytes, _, _, ino = self._own.pop(slot)
+            self._used -= nbytes
+            path = self._path(slot)
+            mapped = p.map_segment(path)  # the payload stays readable after the unlink (kernel may demote it)
+            if mapped is not None and mapped.header.lease_id == self.lease_id and p.unlink_if_same(path, ino):
+                self.evictions += 1
+                desc = self._descriptor(mapped.desc)
+                if desc is not None:
+                    evicted.append((slot, desc, mapped.view()))
+        return True
+
+    def _forget(self, slot: bytes) -> None:
+        item = self._own.pop(slot, None)
+        if item is not None:
+            self._used -= item[0]
+
+    def _notify(self, evicted: list) -> None:  # type: ignore[type-arg]
+        cb = self._on_evict
+        if cb is not None:
+            for slot, desc, data in evicted:
+                cb(slot, desc, data)
+
+    def _descriptor(self, raw: bytes) -> StateDescriptor | None:
+        """The descriptor stored as `raw` JSON (parsed once per distinct bytes, then cached)."""
+        with self._descs_lock:
+            desc = self._descs.get(raw)
+            if desc is not None:
+                self._descs.move_to_end(raw)
+                return desc
+        try:
+            desc = from_dict(StateDescriptor, json.loads(raw))
+        except Exception as exc:  # a segment written by an incompatible version: a miss, not an error
+            log.warning("shm segment descriptor unreadable", tier=self.name, error=repr(exc))
+            return None
+        with self._descs_lock:
+            self._descs[raw] = desc
+            if len(self._descs) > 8192:
+                self._descs.popitem(last=False)
+        return desc
+
+    def _live_meta(self, slot: bytes) -> tuple[p.Header, bytes, os.stat_result] | None:
+        meta = p.read_meta(self._path(slot))
+        if meta is None or meta[0].expired(time.time()) or not self.lease_alive(meta[0].lease_id):
+            return None
+        return meta
+
+    def read(self, slot: bytes, cache: p.MapCache | None = None, populate: bool = False) -> StoredState | None:
+        """Map the slot's segment and return its payload as a read-only view; None on a miss.
+
+        A miss also when the segment is incomplete or damaged, its lease is not alive, or its TTL passed; such a
+        segment is reclaimed on the spot. `cache` reuses mappings of unchanged segments (see `ShmTransport`).
+        """
+        path = self._path(slot)
+        mapped = None
+        if cache is not None:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                cache.forget(path)
+                return None
+            mapped = cache.lookup(path, st)
+        if mapped is None:
+            mapped = p.map_segment(path, populate)
+            if mapped is None:
+                return None
+            if cache is not None:
+                cache.remember(path, mapped)
+        h = mapped.header
+        if h.expired(time.time()) or not self.lease_alive(h.lease_id):
+            if cache is not None:
+                cache.forget(path)
+            self._reclaim(slot, path, mapped)
+            return None
+        desc = self._descriptor(mapped.desc)
+        if desc is None:
+            return None
+        return StoredState(mapped.view(), desc)
+
+    def _reclaim(self, slot: bytes, path: str, mapped: p.Mapped) -> None:
+        if p.unlink_if_same(path, mapped.ino):
+            self.reaped += 1
+            with self._lock:
+                self._forget(slot)
+            desc = self._descriptor(mapped.desc)
+            log.info("shm segment reclaimed on read", tier=self.name, slot=slot.hex(), lease=mapped.header.lease_id)
+            if desc is not None:
+                self._notify([(slot, desc, None)])
+
+    def get(self, slot: bytes) -> StoredState | None:
+        """The slot's payload (read-only memoryview over a fresh mapping of the segment) and descriptor, or None."""
+        return self.read(slot)
+
+    def delete(self, slot: bytes) -> bool:
+        """Unlink the slot's segment, whoever wrote it (the kernel quarantines bad payloads this way)."""
+        with self._lock:
+            self._forget(slot)
+        try:
+            os.unlink(self._path(slot))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def __contains__(self, slot: object) -> bool:
+        return isinstance(slot, bytes) and self._live_meta(slot) is not None
+
+    def _segments(self) -> Iterator[tuple[bytes, str]]:
+        try:
+            entries = list(os.scandir(self.directory))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            parsed = p.parse_name(self.namespace, entry.name)
+            if parsed is not None and parsed[0] == p.SEGMENT:
+                try:
+                    yield bytes.fromhex(parsed[1]), entry.path
+                except ValueError:
+                    continue
+
+    def slots(self) -> Iterator[bytes]:
+        """Every slot with a live segment on the host (a snapshot)."""
+        return iter([slot for slot, _ in self._segments() if self._live_meta(slot) is not None])
+
+    def descriptors(self) -> Iterator[tuple[bytes, StateDescriptor]]:
+        """(slot, descriptor) of every live segment on the host, from the headers (payloads are not mapped)."""
+        out = []
+        for slot, _ in self._segments():
+            meta = self._live_meta(slot)
+            desc = self._descriptor(meta[1]) if meta is not None else None
+            if desc is not None:
+                out.append((slot, desc))
+        return iter(out)
+
+    def used_bytes(self) -> int:
+        """Payload bytes of the segments this store wrote and still owns."""
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._own)
+
+    def close(self) -> None:
+        """Stop the lease thread, unlink this store's segments and end its lease (no eviction callbacks)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread() and not sys.is_finalizing():
+            self._thread.join(timeout=2.0)
+        with self._lock:
+            lease = self.lease_id
+            if lease is not None and self._pid == os.getpid():
+                self._drop_own(lease)
+                self.registry.revoke(lease)
+            self.lease_id = None
