@@ -123,13 +123,17 @@ def read_header(path: str) -> tuple[Header, bytes, int]:
     return header, bytes(head[FIXED_SIZE : FIXED_SIZE + n]), size
 
 
-def read_verified(fd: int, size: int, chunk: int = 256 << 10) -> tuple[Header, memoryview]:
+def read_verified(
+    fd: int, size: int, buf: np.ndarray | None = None, chunk: int = 256 << 10
+) -> tuple[Header, memoryview]:
     """Read a whole payload file (`size` bytes, as the store recorded it) and verify it; raises CorruptFile.
 
-    Returns the header and a view of the stored bytes. The file is read in chunks and each is hashed while it is
-    still in the CPU cache: hashing the whole payload after reading it costs about twice as much (memory bound).
+    Returns the header and a view of the stored bytes (in `buf`, `size` bytes, when given). The file is read in
+    chunks and each is hashed while it is still in the CPU cache: hashing the whole payload after reading it costs
+    about twice as much (memory bound).
     """
-    buf = np.empty(size, dtype=np.uint8)  # not zero-filled, unlike bytearray
+    if buf is None:
+        buf = np.empty(size, dtype=np.uint8)  # not zero-filled, unlike bytearray
     mv = memoryview(buf)
     got = _read_into(fd, mv, 0, min(size, max(chunk, FIXED_SIZE)))
     if got < FIXED_SIZE:
