@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from nexuskv_transformers.models import ReferenceModel
 
 from nexuskv import StateDescriptor, StateKind, TensorSpec
+from nexuskv_transformers.models import ReferenceModel
 
 __all__ = ["Snapshot", "StateCodec", "StateMismatch"]
 
@@ -168,7 +168,7 @@ class StateCodec:
                 for i in layers:
                     self._restore_checkpoint(cache.layers[i], i, g.kind, t, position)
                 continue
-            parts: dict[str, list[torch.Tensor]] = {}
+            payloads = []
             for b in range(blocks):
                 got = states.get((b, gi))
                 if got is None:
@@ -177,15 +177,38 @@ class StateCodec:
                 self.check(desc, gi, (b + 1) * self.page)
                 if (desc.span.start, desc.span.end) != (b * self.page, (b + 1) * self.page):
                     raise StateMismatch(f"page covers [{desc.span.start}, {desc.span.end}), not block {b}")
-                for name, tensor in _decode(payload, desc.tensors).items():
-                    parts.setdefault(name, []).append(tensor)
-            for i in layers:
-                k = torch.cat(parts[f"L{i}.k"], dim=-2)
-                v = torch.cat(parts[f"L{i}.v"], dim=-2)
-                layer = cache.layers[i]
-                layer.lazy_initialization(k, v)
-                layer.keys, layer.values = k, v
+                payloads.append(payload)
+            for name, tensor in self._pages(payloads, desc.tensors).items():
+                layer = cache.layers[int(name[1:].split(".")[0])]
+                if name.endswith(".k"):
+                    layer.lazy_initialization(tensor, tensor)
+                    layer.keys = tensor
+                else:
+                    layer.values = tensor
         return cache
+
+    @staticmethod
+    def _pages(payloads: Sequence[bytes | memoryview], specs: Sequence[TensorSpec]) -> dict[str, torch.Tensor]:
+        """Concatenate the pages of every tensor along the token axis: one copy per tensor, whatever the count.
+
+        The payloads (all with the same, already checked, specs) are stacked as rows, each tensor's columns viewed
+        as [blocks, *shape] and moved to [*shape with tokens = blocks * page].
+        """
+        total = sum(_nbytes(s) for s in specs)
+        if any(len(p) != total for p in payloads):
+            raise StateMismatch(f"a page does not hold the {total} bytes its tensors need")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            rows = torch.stack([torch.frombuffer(p, dtype=torch.uint8) for p in payloads])
+        out, off = {}, 0
+        n = len(payloads)
+        for s in specs:
+            nb = _nbytes(s)
+            t = rows[:, off : off + nb].view(getattr(torch, s.dtype)).reshape(n, *s.shape)  # [n, 1, H, P, D]
+            perm = t.permute(1, 2, 0, 3, 4)  # [1, H, n, P, D]
+            out[s.name] = perm.reshape(s.shape[0], s.shape[1], n * s.shape[2], s.shape[3])
+            off += nb
+        return out
 
     @staticmethod
     def _restore_checkpoint(layer: Any, i: int, kind: StateKind, t: Mapping[str, torch.Tensor], position: int) -> None:

@@ -1,0 +1,78 @@
+"""End to end on the real CPU engine: NexusKV vs never-reuse vs always-reuse, measured TTFT, the demo's workload.
+
+Calibrates the demo model on this machine first (the profile NexusKV plans with; held-out error is a RESULT),
+then serves the demo workload `--rounds` times (a new seed each round) under the three strategies side by side,
+every request by all three in rotating order, each strategy with its own kernel and the same tiers: DRAM and a
+remote tier behind an emulated 10 MB/s link. Ratios are mean measured TTFT over never-reuse's on the same requests.
+
+Run: `.venv/bin/python bench/e2e_reference.py [--rounds 2] [--plot docs/img/calibration-dense.png]`
+(about 3 to 4 minutes on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from nexuskv_transformers.calibrate import calibrate, plot, save
+from nexuskv_transformers.connector import TransformersConnector
+from nexuskv_transformers.demo import SECRET, RunResult, demo_config, run_workload
+from nexuskv_transformers.models import build_model
+from nexuskv_transformers.workload import SHARED_PHASES, demo_workload
+
+from _common import result
+from nexuskv import Kernel
+from nexuskv.logs import configure_logging
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quick-calibration", action="store_true")
+    ap.add_argument("--plot", default="", help="also write the calibration plot (PNG) here")
+    ap.add_argument("--profile-out", default="", help="also write the fitted profile (JSON) here")
+    args = ap.parse_args()
+    configure_logging(level="warning", force=True)
+    torch.set_grad_enabled(False)
+    model = build_model("dense", size="demo")
+    print(f"model {model.identity.name}: {model.kv_bytes_per_token()} bytes of KV per token, "
+          f"{torch.get_num_threads()} torch threads")  # fmt: skip
+    with Kernel(demo_config(None), secret=SECRET) as k:
+        report = calibrate(TransformersConnector(k, model), quick=args.quick_calibration,
+                           command="bench/e2e_reference.py")  # fmt: skip
+    print(report.summary())
+    if args.plot:
+        print(f"plot: {plot(report, args.plot)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        profile = args.profile_out or str(Path(tmp) / "profile.json")
+        save(report, profile)
+        merged: RunResult | None = None
+        for r in range(args.rounds):
+            got = run_workload(model, profile, demo_workload(seed=r))
+            if merged is None:
+                merged = got
+            else:
+                merged.items += got.items
+                for m, outs in got.outcomes.items():
+                    merged.outcomes[m] += outs
+                for m in got.max_logit_diff:
+                    merged.max_logit_diff[m] = max(merged.max_logit_diff[m], got.max_logit_diff[m])
+                    merged.argmax_equal[m] &= got.argmax_equal[m]
+    assert merged is not None
+    print(merged.table())
+    for m in ("nexuskv", "always"):
+        print(f"answers {m}: argmax equal to never-reuse on every request: {merged.argmax_equal[m]}, "
+              f"max |logit diff| {merged.max_logit_diff[m]:.1e}")  # fmt: skip
+    result("e2e.shared_nexuskv_over_never", merged.ratio("nexuskv", SHARED_PHASES), "<=", 0.5)
+    result("e2e.unique_nexuskv_over_never", merged.ratio("nexuskv", ("unique",)), "<=", 1.05)
+    result("e2e.slowlink_nexuskv_over_never", merged.ratio("nexuskv", ("slowlink",)), "<=", 1.05)
+    result("e2e.slowlink_always_over_never", merged.ratio("always", ("slowlink",)), ">", 1.0)
+    result("calibrate.heldout_error_pct", report.heldout_error_pct, "<=", 15)
+
+
+if __name__ == "__main__":
+    main()
