@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from nexuskv_tier_disk import DiskStore, codec
 
 from nexuskv import (
     Layout,
@@ -36,6 +35,7 @@ from nexuskv import (
     checksum,
     slot_of,
 )
+from nexuskv_tier_disk import DiskStore, codec
 
 __all__ = ["codec_stats", "kv_payload", "run"]
 

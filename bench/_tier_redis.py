@@ -14,9 +14,6 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from nexuskv_tier_redis import RedisStore
-from nexuskv_tier_redis.testing import RedisServer
-
 from nexuskv import (
     Layout,
     ModelIdentity,
@@ -28,6 +25,8 @@ from nexuskv import (
     TokenSpan,
     checksum,
 )
+from nexuskv_tier_redis import RedisStore
+from nexuskv_tier_redis.testing import RedisServer
 
 __all__ = ["run"]
 

@@ -5,8 +5,8 @@ then serves the demo workload `--rounds` times (a new seed each round) under the
 every request by all three in rotating order, each strategy with its own kernel and the same tiers: DRAM and a
 remote tier behind an emulated 10 MB/s link. Ratios are mean measured TTFT over never-reuse's on the same requests.
 
-Run: `.venv/bin/python bench/e2e_reference.py [--rounds 2] [--plot docs/img/calibration-dense.png]`
-(about 3 to 4 minutes on a 2-core machine).
+Run: `.venv/bin/python bench/e2e_reference.py [--rounds 4] [--plot docs/img/calibration-dense.png]`
+(about 2 minutes on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
+
+from _common import result
+from nexuskv import Kernel
+from nexuskv.logs import configure_logging
 from nexuskv_transformers.calibrate import calibrate, plot, save
 from nexuskv_transformers.connector import TransformersConnector
 from nexuskv_transformers.demo import SECRET, RunResult, demo_config, run_workload
 from nexuskv_transformers.models import build_model
 from nexuskv_transformers.workload import SHARED_PHASES, demo_workload
 
-from _common import result
-from nexuskv import Kernel
-from nexuskv.logs import configure_logging
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--quick-calibration", action="store_true")
     ap.add_argument("--plot", default="", help="also write the calibration plot (PNG) here")
     ap.add_argument("--profile-out", default="", help="also write the fitted profile (JSON) here")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nexuskv_tier_disk import DiskStore
 
 from nexuskv import (
     Layout,
@@ -22,6 +21,7 @@ from nexuskv import (
     checksum,
     slot_of,
 )
+from nexuskv_tier_disk import DiskStore
 
 
 def make_desc(key: bytes, payload: bytes, tier: str = "disk", **kw: object) -> StateDescriptor:

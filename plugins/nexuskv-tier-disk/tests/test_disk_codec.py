@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nexuskv_tier_disk import codec
 
 from nexuskv import ModelIdentity, TensorSpec
+from nexuskv_tier_disk import codec
 
 
 @settings(max_examples=200, deadline=None)

@@ -8,9 +8,9 @@ import sys
 import textwrap
 
 import pytest
-from nexuskv_tier_disk import _private as fmt
 
 from nexuskv import verify_checksum
+from nexuskv_tier_disk import _private as fmt
 
 
 def _leftovers(path):

@@ -4,12 +4,12 @@ import os
 import threading
 
 import pytest
+
+from nexuskv import ConfigError, PersistentTierStore, TensorSpec, TierStore, verify_checksum
 from nexuskv_tier_disk import DiskStore
 from nexuskv_tier_disk import _private as fmt
 from nexuskv_tier_disk import store as store_mod
 from nexuskv_tier_disk.plugin import nexuskv_register_tier_stores
-
-from nexuskv import ConfigError, PersistentTierStore, TensorSpec, TierStore, verify_checksum
 
 
 def files(store: DiskStore) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from nexuskv_tier_redis import RedisStore
 from nexuskv_tier_redis.testing import RedisServer, RedisServerMissing
 

@@ -6,9 +6,9 @@ import time
 
 import pytest
 from _tier_redis_helpers import SECRET, describe, eventually, make_request, payload, slot
-from nexuskv_tier_redis import RedisStore, RedisTierError
 
 from nexuskv import Kernel, KernelConfig, PlanAction
+from nexuskv_tier_redis import RedisStore, RedisTierError
 
 HANG_S = 10.0  # "did not hang": far above every timeout configured here, far below a hung socket
 

@@ -2,9 +2,9 @@ import time
 
 import pytest
 from _tier_redis_helpers import SECRET, describe, make_request, payload, slot
-from nexuskv_tier_redis import RedisStore
 
 from nexuskv import Kernel, KernelConfig, PersistentTierStore, PluginManager, TierStore
+from nexuskv_tier_redis import RedisStore
 
 
 def test_protocols_and_plugin_registration(store):

@@ -293,7 +293,7 @@ def plot(report: CalibrationReport, path: str | Path) -> Path:
     ax1.set_title(f"T_prefill: held-out error {report.heldout_error_pct:.1f}%")
     ax1.legend(fontsize=8)
 
-    horizon = 4096
+    horizon = 16384  # past the measured range the curves are predictions: far enough to show every crossover
     ms_ = np.arange(report.page_size, horizon + 1, report.page_size)
     a, b = p.prefill.per_token_ms, p.prefill.per_token_sq_ms
     ax2.plot(ms_, a * ms_ + b * ms_**2, "-", color="C0", label="T_recompute(M) predicted")
@@ -321,6 +321,7 @@ def plot(report: CalibrationReport, path: str | Path) -> Path:
     ax2.set_xlabel("reused prefix M (tokens)")
     ax2.set_ylabel("ms")
     ax2.set_yscale("log")
+    ax2.set_xscale("log")
     ax2.set_title("reuse pays where T_recompute > T_transfer + T_mount")
     ax2.legend(fontsize=7)
     fig.suptitle(f"{p.name} ({p.hardware})", fontsize=9)

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 from attrs import define, field
+
+from nexuskv import LoadReport, Plan, PlanAction, Request, get_logger
 from nexuskv_transformers.engine import Engine, Prefill
 from nexuskv_transformers.models import ReferenceModel
 from nexuskv_transformers.state import StateMismatch
-
-from nexuskv import LoadReport, Plan, PlanAction, Request, get_logger
 
 __all__ = ["MODES", "Outcome", "TransformersConnector"]
 

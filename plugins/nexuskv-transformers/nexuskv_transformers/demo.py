@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 from attrs import define, field
+
+from nexuskv import Kernel, KernelConfig, PlanAction
 from nexuskv_transformers.calibrate import CalibrationReport, calibrate, save
 from nexuskv_transformers.connector import MODES, Outcome, TransformersConnector
 from nexuskv_transformers.models import ReferenceModel, build_model
 from nexuskv_transformers.workload import PHASES, SHARED_PHASES, Item, demo_workload
-
-from nexuskv import Kernel, KernelConfig, PlanAction
 
 __all__ = ["DEMO_POLICIES", "DEMO_TIERS", "RunResult", "demo_config", "run_workload", "safety_checks"]
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from attrs import define
+
 from nexuskv_transformers.models import ReferenceModel
 from nexuskv_transformers.state import Snapshot, StateCodec
 

@@ -6,10 +6,10 @@ import functools
 
 import pytest
 import torch
-from nexuskv_transformers.connector import TransformersConnector
-from nexuskv_transformers.models import build_model
 
 from nexuskv import Kernel, KernelConfig
+from nexuskv_transformers.connector import TransformersConnector
+from nexuskv_transformers.models import build_model
 
 SECRET = bytes(range(32))
 torch.set_grad_enabled(False)

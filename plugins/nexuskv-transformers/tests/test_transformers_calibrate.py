@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+from conftest import SECRET, model
+from nexuskv import CostProfile, Kernel, KernelConfig, from_dict
 from nexuskv_transformers.calibrate import (
     PrefillSample,
     calibrate,
@@ -18,9 +21,6 @@ from nexuskv_transformers.calibrate import (
     save,
 )
 from nexuskv_transformers.connector import TransformersConnector
-
-from conftest import SECRET, model
-from nexuskv import CostProfile, Kernel, KernelConfig, from_dict
 
 
 @given(base=st.floats(0, 20), a=st.floats(0.001, 1), b=st.floats(0, 1e-3))

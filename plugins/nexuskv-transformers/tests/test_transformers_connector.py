@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from nexuskv_transformers.connector import TransformersConnector
-from nexuskv_transformers.shaped import ShapedLinkStore
-from nexuskv_transformers.workload import PHASES, demo_workload
 
 from conftest import SECRET, connector, model, tokens
 from nexuskv import Kernel, KernelConfig, PlanAction, PluginManager
+from nexuskv_transformers.connector import TransformersConnector
+from nexuskv_transformers.shaped import ShapedLinkStore
+from nexuskv_transformers.workload import PHASES, demo_workload
 
 
 def test_never_mode_prefills_everything_and_stores_nothing(kernel):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from _shm_peer import slot_n
-from nexuskv_transport_shm import ShmStore, ShmTransport, _private
 
 from nexuskv import verify_checksum
+from nexuskv_transport_shm import ShmStore, ShmTransport, _private
 
 SHM = Path("/dev/shm")
 PEER = str(Path(__file__).with_name("_shm_peer.py"))

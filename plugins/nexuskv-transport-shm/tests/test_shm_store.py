@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 from _shm_peer import descriptor, slot_n
-from nexuskv_transport_shm import ShmStore, ShmTransport, _private, as_array
 
 from nexuskv import PersistentTierStore, PluginManager, TierStore, Transport
+from nexuskv_transport_shm import ShmStore, ShmTransport, _private, as_array
 
 SHM = Path("/dev/shm")
 
