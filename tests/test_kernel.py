@@ -146,7 +146,7 @@ import asyncio  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from nexuskv import PlanAction, hookimpl, to_dict  # noqa: E402
+from nexuskv import PlanAction, hookimpl, slot_of, to_dict  # noqa: E402
 from nexuskv.plugins import PluginManager  # noqa: E402
 
 POLICIES = str(Path(__file__).resolve().parents[1] / "policies")
@@ -421,3 +421,108 @@ def test_persistent_tier_is_reindexed_at_start():
         plan_keys = k2.keys(req)
         assert plan_keys == keys and k2.match(req, keys).tokens() == 64
         assert bytes(k2.load(keys[2]).payload) == bytes([2]) * 64
+
+
+# ------------------------------------------------------------------------------------------ hierarchy
+
+
+def _tiered(**cfg):
+    base = dict(node="n1", tiers={"dram": {"store": "dram", "capacity_bytes": "1MiB"},
+                                  "disk": {"store": "dram", "capacity_bytes": "64MiB"}},
+                prefetch_max_tasks=0)  # promotion on its own: no prefetch copying the same blocks  # fmt: skip
+    base.update(cfg)
+    return Kernel(KernelConfig(**base), secret=SECRET)
+
+
+def _spill_to_disk(k, req, size=4096):
+    """Commit `req`'s blocks straight into the slower tier."""
+    keys = k.keys(req)
+    for b in range(len(keys)):
+        payload = bytes([b % 256]) * size
+        k.put(k.describe(req, b, payload, tier="disk", keys=keys), payload)
+    return keys
+
+
+def test_a_hit_in_a_slower_tier_is_promoted_off_the_callers_thread():
+    from nexuskv import slot_of
+
+    with _tiered() as k:
+        req = make_request(range(160))
+        keys = _spill_to_disk(k, req)
+        plan = k.plan(req, keys=keys)
+        assert plan.action == PlanAction.MATERIALIZE and {s.tier for s in plan.spans} == {"disk"}
+        assert k.materialize(plan, req, keys=keys).complete
+        assert k.flush(5)
+        assert all(slot_of(key) in k.tiers["dram"] for key in keys)
+        promoted = k.tiers["dram"].get(slot_of(keys[3]))
+        assert promoted.descriptor.placement.tier == "dram" and promoted.descriptor.usage.hits == 1
+        assert bytes(promoted.payload) == bytes([3]) * 4096
+        assert {s.tier for s in k.plan(req, keys=keys).spans} == {"dram"}  # the index knows both copies
+
+
+def test_promotion_follows_the_place_rules_and_can_be_turned_off(tmp_path):
+    from nexuskv import slot_of
+
+    (tmp_path / "default.toml").write_text(
+        'name = "default"\nmin_gain_ms = 0.0\n\n[[place]]\nname = "stay-on-disk"\nwhen = \'request.tenant == "cold"\'\n'
+        'tier = "disk"\n\n[[place]]\nname = "hot"\ntier = "dram"\n')  # fmt: skip
+    for tenant, flag, expect in (("cold", True, False), ("hot", False, False), ("hot", True, True)):
+        with _tiered(policies=str(tmp_path), promote_on_hit=flag) as k:
+            req = make_request(range(64), tenant=tenant)
+            keys = _spill_to_disk(k, req)
+            assert k.materialize(k.plan(req, keys=keys), req, keys=keys).complete
+            assert k.flush(5)
+            assert (slot_of(keys[0]) in k.tiers["dram"]) is expect, (tenant, flag)
+
+
+def test_demotion_then_promotion_keeps_the_index_exact():
+    with _tiered(tiers={"dram": {"store": "dram", "capacity_bytes": 3 * 4096},
+                        "disk": {"store": "dram", "capacity_bytes": "64MiB"}}) as k:  # fmt: skip
+        req = make_request(range(160))
+        _, keys = commit_and_flush(k, req)  # 10 blocks, 3 fit in DRAM: the rest demoted to disk
+        for key in keys:
+            h = k.index.get(key)
+            held = {loc.tier for loc, _ in h.locations}
+            assert held == {t for t in ("dram", "disk") if slot_of(key) in k.tiers[t]}
+        assert len([key for key in keys if slot_of(key) in k.tiers["disk"]]) >= 7
+
+
+def test_tier_size_options_and_relative_paths_from_toml(tmp_path):
+    seen = {}
+
+    def factory(**kw):
+        seen.update(kw)
+        return _RecordingStore(name=kw["name"], capacity_bytes=kw["capacity_bytes"])
+
+    (tmp_path / "k.toml").write_text('[tiers.dram]\nstore = "recording"\ncapacity_bytes = "2MiB"\n'
+                                     'queue_bytes = "1KiB"\npath = "cache/disk"\n')  # fmt: skip
+    cfg = KernelConfig.from_toml(tmp_path / "k.toml")
+    assert cfg.tiers["dram"]["path"] == str(tmp_path / "cache/disk")
+
+    class Plugin:
+        @hookimpl
+        def nexuskv_register_tier_stores(self, register):
+            register("recording", lambda queue_bytes, path, **kw: factory(queue_bytes=queue_bytes, path=path, **kw))
+
+    pm = PluginManager({}, entry_points=False)
+    pm.register(Plugin(), "recording")
+    with Kernel(cfg, plugins=pm, secret=SECRET):
+        assert seen["capacity_bytes"] == 2 << 20 and seen["queue_bytes"] == 1024
+    bad = KernelConfig(tiers={"dram": {"store": "recording", "queue_bytes": "lots"}})
+    with pytest.raises(ConfigError, match=r"tiers.dram.queue_bytes"):
+        Kernel(bad, plugins=pm, secret=SECRET)
+
+
+def test_flush_waits_for_tiers_that_write_behind_and_reindex_is_public():
+    flushed = []
+
+    def factory(**kw):
+        store = _RecordingStore(**kw)
+        store.flush = lambda timeout=None: flushed.append(timeout) or True
+        return store
+
+    with _kernel_with_store(factory) as k:
+        assert k.flush(2.0) and len(flushed) == 1 and 0 < flushed[0] <= 2.0
+        assert k.reindex("dram") == 0
+        with pytest.raises(ConfigError, match="not a persistent tier"):
+            k.reindex("nope")

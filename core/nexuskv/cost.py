@@ -23,7 +23,8 @@ def default_profile() -> CostProfile:
     """The documented default: a tiny Llama-style model on this project's CPU machine (DESIGN.md figures).
 
     Prefill 512 / 2048 / 8192 tokens in about 45 / 270 / 1540 ms (least-squares fit with a 1 ms base), 2048 bytes
-    of state per token, and tier costs of a typical host: DRAM, a local NVMe disk, Redis over loopback TCP.
+    of state per token, and tier costs of a typical host: DRAM, shared memory, a local NVMe disk, Redis over
+    loopback TCP.
     `nexuskv calibrate` replaces it with measured numbers.
     """
     return CostProfile(
@@ -34,6 +35,7 @@ def default_profile() -> CostProfile:
         prefill=PrefillCost(base_ms=1.0, per_token_ms=0.1095, per_token_sq_ms=9.566e-6),
         tiers={
             "dram": LinkCost(bandwidth_bytes_per_s=8e9, latency_ms=0.005),
+            "shm": LinkCost(bandwidth_bytes_per_s=8e9, latency_ms=0.02),
             "disk": LinkCost(bandwidth_bytes_per_s=1.5e9, latency_ms=0.1),
             "redis": LinkCost(bandwidth_bytes_per_s=1e9, latency_ms=0.3),
         },

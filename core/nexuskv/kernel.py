@@ -94,6 +94,7 @@ class KernelConfig:
     session_cache: int = 1024
     bandwidth_scale: dict[str, float] = field(factory=dict)
     demote: bool = True
+    promote_on_hit: bool = True  # a hit in a slower tier is copied to the tier the `place` rules choose
     eviction: str = field(default="cost", validator=attrs.validators.in_(("cost", "lru")))
 
     @classmethod
@@ -122,7 +123,10 @@ class KernelConfig:
             value = getattr(cfg, key)
             if value and not Path(value).is_absolute():
                 cfg = attrs.evolve(cfg, **{key: str(p.parent / value)})
-        return cfg
+        tiers = {name: ({**opts, "path": str(p.parent / opts["path"])}
+                        if isinstance(opts.get("path"), str) and not Path(opts["path"]).is_absolute() else opts)
+                 for name, opts in cfg.tiers.items()}  # fmt: skip
+        return attrs.evolve(cfg, tiers=tiers)
 
 
 @define(frozen=True)
@@ -164,6 +168,16 @@ class LoadReport:
     reason: str = ""
     corrupt: bool = False
     timeout: bool = False
+
+
+@define(frozen=True)
+class _Promotion:
+    """A writer item: state read from `source` on a hit, to be copied to the tier its place rules choose."""
+
+    request: Request
+    descriptor: StateDescriptor
+    payload: bytes | memoryview
+    source: str
 
 
 def _gain(plan: Plan) -> float:
@@ -263,11 +277,11 @@ class Kernel:
             kind = opts.pop("store", name)
             if kind not in factories:
                 raise ConfigError(f"tiers.{name}: no tier store plugin named {kind!r} (have: {sorted(factories)})")
-            if "capacity_bytes" in opts:
+            for opt in [o for o in opts if o.endswith("_bytes")]:  # sizes may be written "4GiB"
                 try:
-                    opts["capacity_bytes"] = parse_bytes(opts["capacity_bytes"])
+                    opts[opt] = parse_bytes(opts[opt])
                 except ValueError as exc:
-                    raise ConfigError(f"tiers.{name}.capacity_bytes: {exc}") from None
+                    raise ConfigError(f"tiers.{name}.{opt}: {exc}") from None
             try:
                 store = factories[kind](name=name, **opts)
             except TypeError as exc:
@@ -278,14 +292,22 @@ class Kernel:
                 self._reindex(name, store)
         return tiers
 
-    def _reindex(self, name: str, store: PersistentTierStore) -> None:
+    def reindex(self, tier: str) -> int:
+        """Index what a persistent tier holds now (a host-wide tier another process writes to); returns the count."""
+        store = self.tiers.get(tier)
+        if not isinstance(store, PersistentTierStore):
+            raise ConfigError(f"tier {tier!r} is not a persistent tier (have: {sorted(self.tiers)})")
+        return self._reindex(tier, store)
+
+    def _reindex(self, name: str, store: PersistentTierStore) -> int:
         """Index what a persistent tier already holds (written by an earlier run of this node)."""
         n = 0
         for slot, desc in store.descriptors():
             self.index.insert(slot[:-1], Location(name, desc.placement.node, desc.placement.epoch), 1 << slot[-1])
             n += 1
         if n:
-            log.info("tier re-indexed at start", tier=name, payloads=n)
+            log.info("tier re-indexed", tier=name, payloads=n)
+        return n
 
     def _build_transports(self) -> dict[str, Transport]:
         factories = self.plugins.transports()
@@ -681,10 +703,21 @@ class Kernel:
         return await asyncio.to_thread(self.commit, request, payloads, **kwargs)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until the writer has stored everything queued."""
-        return self.writer.flush(timeout)
+        """Wait until the writer has stored everything queued, and tiers that write behind (disk) have written it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ok = self.writer.flush(timeout)
+        for store in self.tiers.values():
+            tier_flush = getattr(store, "flush", None)
+            if callable(tier_flush):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ok = bool(tier_flush(left)) and ok
+        return ok
 
-    def _write(self, item: tuple[Request, Sequence[bytes], int, int, bytes, tuple[TensorSpec, ...]]) -> None:
+    def _write(self, item: tuple[Request, Sequence[bytes], int, int, bytes, tuple[TensorSpec, ...]] | _Promotion,
+               ) -> None:  # fmt: skip
+        if isinstance(item, _Promotion):
+            self._promote(item)
+            return
         request, keys, block, group, data, spec = item
         first = self.tier_order[0] if self.tier_order else next(iter(self.tiers))
         desc = self.describe(request, block, data, tier=first, group=group, keys=keys, tensors=spec)
@@ -723,6 +756,34 @@ class Kernel:
             if ok:
                 return
 
+    def _promote(self, item: _Promotion) -> None:
+        """Copy state that was just read from a slower tier to the tier the tenant's `place` rules choose for it.
+
+        Runs on the writer thread. Without policies the target is the fastest tier. Nothing happens when the
+        target is not faster than where the state was read, or the target already holds it.
+        """
+        desc, source = item.descriptor, item.source
+        order = list(self.tier_order)
+        target, priority, ttl_s = (order[0] if order else source), None, None
+        policy = self.policies.for_tenant(item.request.tenant) if self.policies is not None else None
+        if policy is not None:
+            place = policy.evaluate("place", {"state": desc, "request": item.request, "node": self.node})
+            if place.placement is not None:
+                target = place.placement.tier or target
+                priority, ttl_s = place.placement.priority, place.placement.ttl_s
+        if target not in order or source not in order or order.index(target) >= order.index(source):
+            return
+        slot = slot_of(bytes.fromhex(desc.key), desc.group)
+        if slot in self.tiers[target]:
+            return
+        usage = attrs.evolve(desc.usage, hits=desc.usage.hits + 1, last_access_s=time.time())
+        promoted = attrs.evolve(desc, placement=Placement(target, self.node, self.epoch), usage=usage)
+        prio = priority if priority is not None else self.default_priority(promoted)
+        try:
+            self._store(promoted, item.payload, prio, ttl_s)  # verified by the load that read it
+        except Exception as exc:  # a failing faster tier loses the copy, never the state
+            self.health.breaker(target).failure(f"promotion put failed: {exc!r}")
+
     # ------------------------------------------------------------------------------------------ load path
 
     def materialize(self, plan: Plan, request: Request, *, keys: Sequence[bytes] | None = None,
@@ -760,6 +821,9 @@ class Kernel:
                 self.health.breaker(span.tier).failure(repr(exc))
                 return self._partial(plan, states, span.start // page, page, f"tier {span.tier} failed: {exc!r}")
             states.update(got)
+            if self.config.promote_on_hit and self.tier_order and span.tier != self.tier_order[0]:
+                promote = [_Promotion(request, st.descriptor, st.payload, span.tier) for st in got.values()]
+                self.writer.submit([WriteItem(len(p.payload), p) for p in promote])  # best effort: may be refused
             if bad is not None:
                 b, why = bad
                 return self._partial(plan, states, b, page, why)

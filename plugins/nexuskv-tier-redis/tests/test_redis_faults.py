@@ -23,9 +23,9 @@ def kernel_on(server, prefix) -> Kernel:
     tiers = {"dram": {"store": "dram", "capacity_bytes": "1MiB"},
              "redis": {"store": "redis", "url": server.url, "prefix": prefix, "capacity_bytes": "64MiB",
                        "connect_timeout_s": 0.5, "read_timeout_s": 1.0, "down_backoff_s": 0.2}}  # fmt: skip
-    # No prefetch: it would copy blocks into dram, and plans would stop asking redis for them.
+    # No prefetch and no promotion on hit: either would copy blocks into dram, and plans would stop asking redis.
     cfg = KernelConfig(node="n1", tiers=tiers, breaker_threshold=2, breaker_cooldown_s=0.5, load_timeout_ms=2000,
-                       prefetch_max_tasks=0)  # fmt: skip
+                       prefetch_max_tasks=0, promote_on_hit=False)  # fmt: skip
     return Kernel(cfg, secret=SECRET)
 
 
