@@ -1,0 +1,154 @@
+"""Tier stores and transports against the limit measured in the same run, and the disk codec on real KV.
+
+Per tier, put and get of 1 MiB and 16 MiB payloads, interleaved with the baseline of the same bytes: a memcpy for
+DRAM and shared memory (the shm read is measured in a second process), a raw file write / read for disk (fsync on
+both sides; codec off for the goal, `shuffle-zstd` shown too), a plain redis-py SET / GET on the same server for
+Redis. Then the disk codec's compression ratio and speed, plain zstd against byte-plane shuffle + zstd, on KV pages
+produced by the reference engine (the demo's dense model, fp32, and a bf16 build of it).
+
+Run: `.venv/bin/python bench/tiers.py` (about 1 to 2 minutes; starts and stops its own redis-server).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+
+import _tier_disk
+import _tier_redis
+import _tier_shm
+from _common import result
+from nexuskv import (
+    Layout,
+    ModelIdentity,
+    Namespace,
+    Placement,
+    StateDescriptor,
+    StateGroup,
+    TokenizerIdentity,
+    TokenSpan,
+)
+from nexuskv.builtins.dram import DramStore
+from nexuskv.logs import configure_logging
+from nexuskv_tier_disk import codec as disk_codec
+from nexuskv_transformers.engine import Engine
+from nexuskv_transformers.models import build_model
+from nexuskv_transformers.state import StateCodec
+
+SIZES = (1 << 20, 16 << 20)
+
+
+def _desc(n: int) -> StateDescriptor:
+    return StateDescriptor(key="00" * 16, namespace=Namespace("bench"), model=ModelIdentity("m"),
+                           tokenizer=TokenizerIdentity("t"), layout=Layout(groups=[StateGroup("dense", 1, 1, 1)]),
+                           span=_span(), nbytes=n, checksum="blake2b-128:00", placement=Placement("dram", "bench"))
+
+
+def _span():
+
+    return TokenSpan(0, 16)
+
+
+def dram_rows(repeats: int = 15) -> list[dict[str, float]]:
+    """DramStore put (it copies) and get (zero-copy view) against a memcpy of the same bytes, interleaved."""
+    rows = []
+    for size in SIZES:
+        payload = _tier_disk.kv_payload(size)
+        store = DramStore(4 * size)
+        desc = _desc(size)
+        samples: dict[str, list[float]] = {"put": [], "get": [], "memcpy": []}
+        for i in range(repeats + 1):
+            slot = i.to_bytes(17, "big")
+            t0 = time.perf_counter()
+            store.put(slot, payload, desc)
+            t1 = time.perf_counter()
+            got = store.get(slot)
+            _ = got.payload[0]
+            t2 = time.perf_counter()
+            copy = bytearray(payload)
+            t3 = time.perf_counter()
+            del copy
+            store.delete(slot)
+            if i:  # the first round warms up
+                samples["put"].append(t1 - t0)
+                samples["get"].append(t2 - t1)
+                samples["memcpy"].append(t3 - t2)
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        rows.append({"tier": "dram", "size": size, "put_s": med["put"], "get_s": med["get"],
+                     "base_put_s": med["memcpy"], "base_get_s": med["memcpy"]})  # fmt: skip
+    return rows
+
+
+def kv_pages(dtype: torch.dtype, tokens: int = 1024) -> list[bytes]:
+    """Every page payload of a `tokens`-token prompt, as the connector commits them."""
+    ref = build_model("dense", size="demo", dtype=dtype)
+    eng = Engine(ref)
+    g = torch.Generator().manual_seed(3)
+    out = eng.prefill(torch.randint(3, 2000, (tokens + 1,), generator=g).tolist())
+    codec = StateCodec(ref)
+    return [codec.page_payload(out.cache, b, 0)[0] for b in range(tokens // ref.page_size)]
+
+
+def codec_rows() -> dict[str, dict[str, float]]:
+    """Per dtype: compression ratios of plain zstd and shuffle+zstd, and encode / decode speed on 1 MiB of pages.
+
+    Each page is compressed as its own payload, as the disk tier stores them.
+    """
+    out = {}
+    for name, dtype, elem in (("float32", torch.float32, 4), ("bfloat16", torch.bfloat16, 2)):
+        pages = kv_pages(dtype)
+        raw = sum(len(p) for p in pages)
+        stored = {c: sum(len(disk_codec.encode(p, c, elem_size=elem).data) for p in pages)
+                  for c in ("zstd", "shuffle-zstd")}  # fmt: skip
+        speed = _tier_disk.codec_stats(b"".join(pages)[: 1 << 20], elem)
+        out[name] = {"page_bytes": len(pages[0]), "pages": len(pages), "zstd_ratio": raw / stored["zstd"],
+                     "shuffle_ratio": raw / stored["shuffle-zstd"], **{k: v for k, v in speed.items()
+                                                                         if k.endswith("MBps")}}  # fmt: skip
+    return out
+
+
+def _line(row: dict) -> str:
+    codec = f" codec={row['codec']}" if "codec" in row else ""
+    return (f"{row['tier']:<6}{codec:<20} {row['size'] >> 20:>3} MiB  put {row['put_s'] * 1e3:8.3f} ms vs "
+            f"{row['base_put_s'] * 1e3:8.3f} ms (x{row['put_s'] / row['base_put_s']:.2f})   get "
+            f"{row['get_s'] * 1e3:8.3f} ms vs {row['base_get_s'] * 1e3:8.3f} ms "
+            f"(x{row['get_s'] / row['base_get_s']:.2f})")
+
+
+def main() -> None:
+    configure_logging(level="warning", force=True)
+    torch.set_grad_enabled(False)
+    rows = dram_rows() + _tier_shm.run() + _tier_disk.run() + _tier_redis.run()
+    print("baselines: dram and shm = memcpy of the same bytes; disk = raw file write (fsync) / read; "
+          "redis = plain SET / GET")
+    for row in rows:
+        print(_line(row))
+    codecs = codec_rows()
+    for name, c in codecs.items():
+        print(f"codec on reference-engine KV ({name}, {c['pages']} pages of {c['page_bytes']} bytes): plain zstd "
+              f"{c['zstd_ratio']:.3f}:1, shuffle+zstd {c['shuffle_ratio']:.3f}:1; on 1 MiB: zstd encode "
+              f"{c['zstd_encode_MBps']:.0f} / decode {c['zstd_decode_MBps']:.0f} MB/s, shuffle encode "
+              f"{c['shuffle_encode_MBps']:.0f} / decode {c['shuffle_decode_MBps']:.0f} MB/s")  # fmt: skip
+
+    def ratio(tier: str, op: str, **match: object) -> float:
+        row = next(r for r in rows if r["tier"] == tier and r["size"] == 16 << 20
+                   and all(r.get(k) == v for k, v in match.items()))  # fmt: skip
+        return row[f"{op}_s"] / row[f"base_{op}_s"]
+
+    shuffle_gain = codecs["float32"]["shuffle_ratio"] / codecs["float32"]["zstd_ratio"]
+    print("default disk codec: " + ("shuffle-zstd (it compresses reference-engine KV better than plain zstd)"
+                                    if shuffle_gain >= 1.0 else "zstd (shuffle did not beat it on reference KV)"))
+    result("tier.dram_get_over_memcpy_16m", ratio("dram", "get"), "<=", 2)
+    result("tier.shm_read_over_memcpy_16m", ratio("shm", "get"), "<=", 2)
+    result("tier.disk_get_over_raw_read_16m", ratio("disk", "get", codec="raw"), "<=", 1.5)
+    result("tier.redis_get_over_plain_get_16m", ratio("redis", "get"), "<=", 1.5)
+    result("codec.shuffle_zstd_over_plain_zstd_ratio", shuffle_gain, ">=", 1.0)
+
+
+if __name__ == "__main__":
+    main()
