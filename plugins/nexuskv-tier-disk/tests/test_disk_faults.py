@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import selectors
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -122,12 +125,22 @@ def _damage(path, where):
         f.write(data)
 
 
+# The child reports on its own channel, one os.write per line: a line written by a single write(2) of at most
+# PIPE_BUF bytes to a pipe is atomic, so the writer thread's IN-WRITE never lands inside the main thread's PUT line
+# (print() writes "PUT", " ", "5" and "\n" separately, and an interleaved "PUTIN-WRITE 5" used to hide the IN-WRITE,
+# leaving the parent reading forever). Anything else on stdout (structlog prints there when unconfigured) goes to
+# stderr instead.
 _CHILD = textwrap.dedent(
     """
     import os, sys, time
+    report = os.dup(1)
+    os.dup2(2, 1)
     sys.path.insert(0, {tests!r})
     from conftest import Item
     from nexuskv_tier_disk import DiskStore, _private as fmt
+
+    def say(line):
+        os.write(report, (line + "\\n").encode())
 
     path, hang_at = sys.argv[1], int(sys.argv[2])
     store = DiskStore(1 << 30, path=path, fsync=True)
@@ -139,38 +152,64 @@ _CHILD = textwrap.dedent(
         if calls[0] == hang_at:  # half a temporary file on disk, then hang until killed
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             os.write(fd, bytes(chunks[0]) + bytes(chunks[1])[: len(chunks[1]) // 2])
-            print("IN-WRITE", flush=True)
+            say("IN-WRITE")
             time.sleep(60)
         return real(p, chunks, fsync)
 
     fmt.write_file = write_file if hang_at else real
     i = 0
-    while True:
+    while True:  # payload i is put until accepted: the accepted payloads are exactly 0, 1, 2, ...
         it = Item(i, 64 << 10)
-        if store.put(it.slot, it.payload, it.desc):
-            print("PUT", i, flush=True)
+        while not store.put(it.slot, it.payload, it.desc):
+            time.sleep(0.005)  # the write queue is full: wait for the writer instead of spinning
+        say(f"PUT {{i}}")
         i += 1
     """
 )
+
+_LINE = re.compile(r"PUT \d+|IN-WRITE")
+
+
+def _read_until(proc, err, done, deadline_s=120.0):
+    """The child's report lines until `done(lines)`, and the start of the next; fails with what it saw (never
+    hangs) if the child dies first or `done` does not come within `deadline_s` (generous: a few seconds do)."""
+    fd, lines, rest = proc.stdout.fileno(), [], b""
+    deadline = time.monotonic() + deadline_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while not done(lines):
+            left = deadline - time.monotonic()
+            chunk = os.read(fd, 1 << 16) if left > 0 and sel.select(left) else None
+            if not chunk:
+                why = "exited" if chunk is not None else f"did not get there within {deadline_s:.0f} s"
+                pytest.fail(f"the child {why}; last lines {lines[-5:]}; stderr: {err.read_text()[-2000:]}")
+            *new, rest = (rest + chunk).split(b"\n")
+            lines += [x.decode() for x in new]
+    return lines, rest
 
 
 @pytest.mark.parametrize("hang_at", [0, 5])
 def test_sigkill_during_writes_never_serves_a_corrupt_payload(tmp_path, open_store, item, hang_at):
     script = tmp_path / "child.py"
     script.write_text(_CHILD.format(tests=os.path.dirname(__file__)))
-    data = tmp_path / "tier"
-    proc = subprocess.Popen([sys.executable, str(script), str(data), str(hang_at)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
-    puts = 0
+    data, err = tmp_path / "tier", tmp_path / "child.err"
+    with open(err, "wb") as errf:
+        proc = subprocess.Popen([sys.executable, str(script), str(data), str(hang_at)], stdout=subprocess.PIPE,
+                                stderr=errf)  # fmt: skip
     try:
-        for line in proc.stdout:
-            puts += line.startswith("PUT")
-            if line.startswith("IN-WRITE") or (not hang_at and puts >= 40):
-                break
+        if hang_at:
+            lines, rest = _read_until(proc, err, lambda ls: "IN-WRITE" in ls)
+        else:
+            lines, rest = _read_until(proc, err, lambda ls: sum(x.startswith("PUT") for x in ls) >= 40)
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        tail, _ = proc.communicate(timeout=30)  # the child is dead: what it wrote before lies in the pipe
+    later = (rest + tail).decode().splitlines()  # what the child printed after the parent stopped reading
+    assert all(_LINE.fullmatch(x) for x in lines + later), lines + later  # whole lines only: nothing interleaved
+    puts = sum(x.startswith("PUT") for x in lines)
     assert puts >= 4
+    # The last put accepted may have been written to disk, killed before its PUT line: one past the last printed.
+    accepted = 1 + max(int(x.split()[1]) for x in lines + later if x.startswith("PUT"))
     store = open_store(path=str(data))
     rec = store.recovery
     if hang_at:
@@ -178,7 +217,7 @@ def test_sigkill_during_writes_never_serves_a_corrupt_payload(tmp_path, open_sto
     assert not rec.corrupt and not _leftovers(str(data))
     served = 0
     for slot, desc in store.descriptors():
-        i = next(i for i in range(puts + 200) if item(i, 64).slot == slot)
+        i = next(i for i in range(accepted + 1) if item(i, 64).slot == slot)
         got = store.get(slot)
         assert got is not None and bytes(got.payload) == item(i, 64 << 10).payload
         assert verify_checksum(got.payload, desc.checksum)
