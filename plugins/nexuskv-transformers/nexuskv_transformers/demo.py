@@ -7,6 +7,7 @@ never-reuse answer for every request: reuse must not change the logits.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import tempfile
@@ -88,6 +89,7 @@ def run_workload(model: ReferenceModel, profile: str | None, items: Sequence[Ite
                  on_outcome: Callable[[Item, dict[str, Outcome]], None] | None = None) -> RunResult:  # fmt: skip
     """Serve every item under every strategy (each with its own kernel) and compare the answers."""
     kernels = {m: Kernel(demo_config(profile), secret=SECRET) for m in MODES}
+    gc.freeze()  # the models and kernels live on: the collections between requests only look at what is new
     try:
         conns = {m: TransformersConnector(kernels[m], model, mode=m) for m in MODES}
         outcomes: dict[str, list[Outcome]] = {m: [] for m in MODES}
@@ -99,6 +101,7 @@ def run_workload(model: ReferenceModel, profile: str | None, items: Sequence[Ite
             for mode in order:
                 c = conns[mode]
                 req = c.request(item.tokens, tenant=item.tenant, scope=item.scope, request_id=item.request_id)
+                gc.collect()  # garbage one strategy made is not collected inside another's timed window
                 got[mode] = c.run(req, session=item.session)
                 kernels[mode].flush(30)  # stored before the next request, outside every timed window
             for mode in MODES:
@@ -110,6 +113,7 @@ def run_workload(model: ReferenceModel, profile: str | None, items: Sequence[Ite
                 on_outcome(item, got)
         return RunResult(list(items), outcomes, diffs, argmax)
     finally:
+        gc.unfreeze()
         for k in kernels.values():
             k.close()
 
