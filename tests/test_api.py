@@ -4,14 +4,14 @@ import nexuskv
 
 PUBLIC = {
     "AdapterIdentity", "BlockKeyer", "Calibration", "ChecksumError", "CodecCost", "CommitResult", "ConfigError",
-    "ContractError", "ControlPlane", "CostProfile", "DictIndex", "EvictionCallback", "ExtraInput", "Holding",
-    "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "LinkCost", "LoadReport", "Location",
-    "Match", "Materialized", "Matcher", "ModelIdentity", "Namespace", "NexusKVError", "Placement", "Plan",
+    "ContractError", "ControlPlane", "CostProfile", "DictIndex", "EvictionCallback", "ExtraInput", "HeapEntry",
+    "Holding", "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "LinkCost", "LoadReport",
+    "Location", "Match", "Materialized", "Matcher", "ModelIdentity", "Namespace", "NexusKVError", "Placement", "Plan",
     "PlanAction", "PlanSpan", "PluginError", "PersistentTierStore", "PluginManager", "Predicted", "PrefillCost",
     "Request", "SchemaVersionError", "Slo", "StateDescriptor", "StateGroup", "StateKind", "StoredState", "TensorSpec",
     "TierStore", "TokenSpan", "TokenizerIdentity", "Transport", "Usage", "__version__", "bind_request", "checksum",
     "configure_logging", "from_dict", "get_logger", "hookimpl", "load_secret", "longest_restore_point", "parse_bytes",
-    "slot_of", "to_dict", "valid_restore_point", "verify_checksum",
+    "pick_victims", "slot_of", "to_dict", "valid_restore_point", "verify_checksum",
 }  # fmt: skip
 
 

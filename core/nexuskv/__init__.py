@@ -41,6 +41,7 @@ from nexuskv.errors import (
     PluginError,
     SchemaVersionError,
 )
+from nexuskv.eviction import HeapEntry, pick_victims
 from nexuskv.hookspecs import hookimpl
 from nexuskv.identity import BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
 from nexuskv.index import DictIndex, Holding, IndexSnapshot, Location, Match, Matcher
@@ -78,6 +79,7 @@ __all__ = [
     "DictIndex",
     "EvictionCallback",
     "ExtraInput",
+    "HeapEntry",
     "Holding",
     "IndexSnapshot",
     "Kernel",
@@ -126,6 +128,7 @@ __all__ = [
     "load_secret",
     "longest_restore_point",
     "parse_bytes",
+    "pick_victims",
     "slot_of",
     "to_dict",
     "valid_restore_point",

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from nexuskv import EvictionCallback, StateDescriptor, StoredState, hookimpl
+from nexuskv import EvictionCallback, StateDescriptor, StoredState, hookimpl, pick_victims
 
 __all__ = ["DramStore"]
 
@@ -70,24 +70,14 @@ class DramStore:
 
     def _make_room(self, need: int, priority: float, evicted: list[tuple[bytes, StateDescriptor, bytes]]) -> bool:
         """Evict lowest-priority payloads (never above `priority`) until `need` bytes fit; all or nothing."""
-        if self._used + need <= self.capacity_bytes:
-            return True
-        victims: list[tuple[float, int, bytes]] = []
-        freed = 0
-        heap = self._heap
-        while self._used - freed + need > self.capacity_bytes and heap:
-            prio, seq, slot = heap[0]
+
+        def size_of(slot: bytes, seq: int) -> int | None:
             item = self._items.get(slot)
-            if item is None or item[3] != seq:
-                heapq.heappop(heap)  # stale heap entry
-                continue
-            if prio > priority:
-                break
-            victims.append(heapq.heappop(heap))
-            freed += len(item[0])
-        if self._used - freed + need > self.capacity_bytes:
-            for v in victims:  # not enough room without evicting more valuable state: change nothing
-                heapq.heappush(heap, v)
+            return len(item[0]) if item is not None and item[3] == seq else None
+
+        victims = pick_victims(self._heap, used=self._used, need=need, capacity=self.capacity_bytes,
+                               priority=priority, size_of=size_of)  # fmt: skip
+        if victims is None:
             return False
         for prio, _, slot in victims:
             self.floor = max(self.floor, prio)  # GreedyDual aging: new state starts above what was evicted

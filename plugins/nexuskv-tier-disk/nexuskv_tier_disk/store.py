@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from attrs import Factory, define
 
-from nexuskv import ConfigError, EvictionCallback, StateDescriptor, StoredState, get_logger
+from nexuskv import ConfigError, EvictionCallback, StateDescriptor, StoredState, get_logger, pick_victims
 from nexuskv_tier_disk import _private as fmt
 from nexuskv_tier_disk import codec as codecs
 
@@ -361,24 +361,13 @@ class DiskStore:
 
     def _make_room(self, need: int, priority: float, evicted: list[_Evicted]) -> bool:
         """Evict lowest-priority payloads (never above `priority`) until `need` bytes fit; all or nothing."""
-        if self._used + need <= self.capacity_bytes:
-            return True
-        victims: list[tuple[float, int, bytes]] = []
-        freed = 0
-        heap = self._heap
-        while self._used - freed + need > self.capacity_bytes and heap:
-            prio, seq, slot = heap[0]
+        def size_of(slot: bytes, seq: int) -> int | None:
             e = self._items.get(slot)
-            if e is None or e.seq != seq:
-                heapq.heappop(heap)  # stale heap entry
-                continue
-            if prio > priority:
-                break
-            victims.append(heapq.heappop(heap))
-            freed += e.size
-        if self._used - freed + need > self.capacity_bytes:
-            for v in victims:  # not enough room without evicting more valuable state: change nothing
-                heapq.heappush(heap, v)
+            return e.size if e is not None and e.seq == seq else None
+
+        victims = pick_victims(self._heap, used=self._used, need=need, capacity=self.capacity_bytes,
+                               priority=priority, size_of=size_of)  # fmt: skip
+        if victims is None:
             return False
         for prio, _, slot in victims:
             self.floor = max(self.floor, prio)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from nexuskv import EvictionCallback, StateDescriptor, StoredState, get_logger
+from nexuskv import EvictionCallback, StateDescriptor, StoredState, get_logger, pick_victims
 from nexuskv_tier_redis._private import (
     META,
     TOKEN,
@@ -317,29 +317,18 @@ class RedisStore:
 
     def _victims(self, need: int, priority: float, slot: bytes) -> list[Entry] | None:
         """Entries to evict (never above `priority`, never `slot`) so `need` more bytes fit; None if impossible."""
-        if self._used + need <= self.capacity_bytes:
-            return []
-        victims: list[Entry] = []
-        popped: list[tuple[float, int, bytes]] = []
-        freed = 0
-        heap = self._heap
-        while self._used - freed + need > self.capacity_bytes and heap:
-            prio, seq, s = heap[0]
+
+        def size_of(s: bytes, seq: int) -> int | None:
             e = self._entries.get(s)
-            if e is None or e.seq != seq:
-                heapq.heappop(heap)  # stale heap entry
-                continue
-            if prio > priority:
-                break
-            popped.append(heapq.heappop(heap))
-            if s != slot:
-                victims.append(e)
-                freed += e.size
-        for item in popped:  # the entries stay until the write succeeded; their heap entries too
-            heapq.heappush(heap, item)
-        if self._used - freed + need > self.capacity_bytes:
+            return e.size if e is not None and e.seq == seq else None
+
+        picked = pick_victims(self._heap, used=self._used, need=need, capacity=self.capacity_bytes,
+                              priority=priority, size_of=size_of, keep=slot)  # fmt: skip
+        if picked is None:
             return None
-        return victims
+        for item in picked:  # the entries stay until the write succeeded; their heap entries too
+            heapq.heappush(self._heap, item)
+        return [self._entries[s] for _, _, s in picked]
 
     def _compact(self) -> None:
         self._heap = [(e.priority, e.seq, s) for s, e in self._entries.items()]

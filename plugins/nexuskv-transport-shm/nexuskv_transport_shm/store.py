@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
-from nexuskv import EvictionCallback, StateDescriptor, StoredState, from_dict, get_logger, to_dict
+from nexuskv import EvictionCallback, StateDescriptor, StoredState, from_dict, get_logger, pick_victims, to_dict
 from nexuskv_transport_shm import _private as p
 
 __all__ = ["DEFAULT_DIR", "ShmStore"]
@@ -231,24 +231,13 @@ class ShmStore:
 
     def _make_room(self, need: int, priority: float, evicted: list) -> bool:  # type: ignore[type-arg]
         """Evict own segments of priority <= `priority` (lowest first) until `need` more bytes fit; all or nothing."""
-        if self._used + need <= self.capacity_bytes:
-            return True
-        victims: list[tuple[float, int, bytes]] = []
-        freed = 0
-        heap = self._heap
-        while self._used - freed + need > self.capacity_bytes and heap:
-            prio, seq, slot = heap[0]
+        def size_of(slot: bytes, seq: int) -> int | None:
             item = self._own.get(slot)
-            if item is None or item[2] != seq:
-                heapq.heappop(heap)
-                continue
-            if prio > priority:
-                break
-            victims.append(heapq.heappop(heap))
-            freed += item[0]
-        if self._used - freed + need > self.capacity_bytes:
-            for v in victims:
-                heapq.heappush(heap, v)
+            return item[0] if item is not None and item[2] == seq else None
+
+        victims = pick_victims(self._heap, used=self._used, need=need, capacity=self.capacity_bytes,
+                               priority=priority, size_of=size_of)  # fmt: skip
+        if victims is None:
             return False
         for prio, _, slot in victims:
             self.floor = max(self.floor, prio)
