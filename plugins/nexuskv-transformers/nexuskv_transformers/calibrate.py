@@ -246,7 +246,7 @@ def calibrate(
         transports={"local": LinkCost(bandwidth_bytes_per_s=1e12, latency_ms=0.0)},
         codecs={"raw": CodecCost(decode_bytes_per_s=1e12, encode_bytes_per_s=1e12, ratio=1.0)},
         lookup_ms=lookup,
-        mount_ms_per_block=1.0 / (mount_fit.bandwidth_bytes_per_s / 1e3) + 0.0,
+        mount_ms_per_block=1e3 / mount_fit.bandwidth_bytes_per_s,  # fitted as blocks per second
         calibration=Calibration(method=command, samples=len(fit) + sum(len(v) for v in tiers.values()),
                                 heldout_error_pct=round(err, 2)),
     )  # fmt: skip
@@ -297,11 +297,9 @@ def plot(report: CalibrationReport, path: str | Path) -> Path:
     ms_ = np.arange(report.page_size, horizon + 1, report.page_size)
     a, b = p.prefill.per_token_ms, p.prefill.per_token_sq_ms
     ax2.plot(ms_, a * ms_ + b * ms_**2, "-", color="C0", label="T_recompute(M) predicted")
-    meas = [(s.cached, s.ms) for s in cut]
     base = {s.length: s.ms for s in report.fit + report.heldout if s.cached == 0}
     pts = [(s.cached, base[s.length] - s.ms) for s in cut if s.length in base]
     ax2.plot([m for m, _ in pts], [v for _, v in pts], "o", color="C0", ms=4, label="T_recompute(M) measured")
-    del meas
     for i, (tier, points) in enumerate(report.tiers.items(), start=1):
         link = p.tiers[tier]
         per_tok = p.bytes_per_token / link.bandwidth_bytes_per_s * 1e3
