@@ -1,52 +1,14 @@
 import json
-import os
-import secrets
 import signal
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 
-import pytest
 from _shm_peer import slot_n
+from _shm_testing import PEER, eventually, ours, spawn
 
 from nexuskv import verify_checksum
 from nexuskv_transport_shm import ShmStore, ShmTransport, _private
-
-SHM = Path("/dev/shm")
-PEER = str(Path(__file__).with_name("_shm_peer.py"))
-
-
-def eventually(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
-def ours(ns):
-    return sorted(n for n in os.listdir(SHM) if n.startswith(ns + "-"))
-
-
-@pytest.fixture
-def ns():
-    name = f"t{os.getpid()}_{secrets.token_hex(4)}"
-    yield name
-    for n in ours(name):
-        (SHM / n).unlink(missing_ok=True)
-
-
-def spawn(mode, **args):
-    proc = subprocess.Popen([sys.executable, PEER, mode, json.dumps(args)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        raise AssertionError(f"peer {mode} failed: {proc.stderr.read()}")
-    return proc, json.loads(line)
 
 
 def kill(proc, sig=signal.SIGKILL):

@@ -1,43 +1,13 @@
-import json
 import mmap
 import os
-import secrets
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import pytest
 from _shm_peer import kernel_config, request
+from _shm_testing import SHM, ours, spawn
 
 from nexuskv import Kernel
 from nexuskv_transport_shm import ShmStore, ShmTransport, _private
-
-SHM = Path("/dev/shm")
-PEER = str(Path(__file__).with_name("_shm_peer.py"))
-
-
-def ours(ns):
-    return sorted(n for n in os.listdir(SHM) if n.startswith(ns + "-"))
-
-
-@pytest.fixture
-def ns():
-    name = f"t{os.getpid()}_{secrets.token_hex(4)}"
-    yield name
-    for n in ours(name):
-        (SHM / n).unlink(missing_ok=True)
-
-
-def spawn(mode, **args):
-    proc = subprocess.Popen([sys.executable, PEER, mode, json.dumps(args)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        raise AssertionError(f"peer {mode} failed: {proc.stderr.read()}")
-    return proc, json.loads(line)
 
 
 def test_kernel_in_another_process_loads_zero_copy_and_misses_once_the_writer_dies(ns):

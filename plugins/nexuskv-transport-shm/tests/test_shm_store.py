@@ -1,37 +1,17 @@
 import mmap
 import os
-import secrets
-import time
-from pathlib import Path
 
 import pytest
 from _shm_peer import descriptor, slot_n
+from _shm_testing import SHM, ours
+from _shm_testing import eventually as _eventually
 
 from nexuskv import PersistentTierStore, PluginManager, TierStore, Transport
 from nexuskv_transport_shm import ShmStore, ShmTransport, _private, as_array
 
-SHM = Path("/dev/shm")
-
 
 def eventually(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
-def ours(ns):
-    return sorted(n for n in os.listdir(SHM) if n.startswith(ns + "-"))
-
-
-@pytest.fixture
-def ns():
-    name = f"t{os.getpid()}_{secrets.token_hex(4)}"
-    yield name
-    for n in ours(name):  # clean up after a failed test, then complain
-        (SHM / n).unlink(missing_ok=True)
+    return _eventually(cond, timeout)
 
 
 @pytest.fixture
