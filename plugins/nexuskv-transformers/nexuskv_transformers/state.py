@@ -65,6 +65,7 @@ class StateCodec:
         self.ref = ref
         self.page = ref.page_size
         self._linear_shapes: dict[str, tuple[int, ...]] | None = None
+        self._specs: dict[tuple[int, int], tuple[TensorSpec, ...]] = {}  # (group, tokens kept) -> specs
 
     # ------------------------------------------------------------------------------------------ encode
 
@@ -103,6 +104,15 @@ class StateCodec:
 
     def expected_specs(self, group: int, position: int) -> tuple[TensorSpec, ...]:
         """The tensors this model stores for `group`: one page, or the checkpoint at `position` tokens."""
+        g = self.ref.groups[group][0]
+        # Only a sliding window's kept length depends on the position: one entry per group otherwise.
+        key = (group, min(g.window - 1, position) if g.kind == StateKind.WINDOWED else 0)
+        specs = self._specs.get(key)
+        if specs is None:
+            specs = self._specs[key] = self._expected_specs(group, position)
+        return specs
+
+    def _expected_specs(self, group: int, position: int) -> tuple[TensorSpec, ...]:
         g, layers = self.ref.groups[group]
         dt = _dtype_name(self.ref.dtype)
         if g.kind == StateKind.RECURRENT:
