@@ -731,11 +731,7 @@ class Kernel:
                 log.info("state not admitted", tenant=request.tenant, request_id=request.request_id, block=block,
                          rules=list(admit.deciding), messages=list(admit.messages))  # fmt: skip
                 return
-            place = policy.evaluate("place", {"state": desc, "request": request, "node": self.node})
-            if place.placement is not None:
-                tier = place.placement.tier or tier
-                priority = place.placement.priority
-                ttl_s = place.placement.ttl_s
+            tier, priority, ttl_s = self._placement(policy, desc, request, tier)
         if tier not in self.tiers:
             log.warning("place rule names an unknown tier; using the fastest", tier=tier, fallback=first)
             tier = first
@@ -756,6 +752,14 @@ class Kernel:
             if ok:
                 return
 
+    def _placement(self, policy: Any, desc: StateDescriptor, request: Request,
+                   tier: str) -> tuple[str, float | None, float | None]:  # fmt: skip
+        """(tier, priority, ttl_s) the tenant's `place` rules choose for `desc`; `tier` and no bounds if none fires."""
+        place = policy.evaluate("place", {"state": desc, "request": request, "node": self.node})
+        if place.placement is None:
+            return tier, None, None
+        return place.placement.tier or tier, place.placement.priority, place.placement.ttl_s
+
     def _promote(self, item: _Promotion) -> None:
         """Copy state that was just read from a slower tier to the tier the tenant's `place` rules choose for it.
 
@@ -767,10 +771,7 @@ class Kernel:
         target, priority, ttl_s = (order[0] if order else source), None, None
         policy = self.policies.for_tenant(item.request.tenant) if self.policies is not None else None
         if policy is not None:
-            place = policy.evaluate("place", {"state": desc, "request": item.request, "node": self.node})
-            if place.placement is not None:
-                target = place.placement.tier or target
-                priority, ttl_s = place.placement.priority, place.placement.ttl_s
+            target, priority, ttl_s = self._placement(policy, desc, item.request, target)
         if target not in order or source not in order or order.index(target) >= order.index(source):
             return
         slot = slot_of(bytes.fromhex(desc.key), desc.group)
