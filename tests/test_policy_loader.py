@@ -360,7 +360,7 @@ def test_expression_over_the_cost_bound_and_a_file_max_cost(tmp_path):
 
 
 def test_unknown_functions_and_plugin_functions(tmp_path):
-    from nexuskv.policy.policyset import plugin_functions
+    from nexuskv.policy.types import plugin_functions
 
     files = rule_file("admit", 'when = "double_it(state.nbytes) > 3"\n')
     p = one(tmp_path, files)

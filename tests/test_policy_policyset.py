@@ -10,8 +10,9 @@ import pytest
 import structlog.testing
 
 from nexuskv.policy.loader import Policies
-from nexuskv.policy.policyset import KINDS, PolicySet, kind_env, plugin_functions
+from nexuskv.policy.policyset import KINDS, PolicySet, kind_env
 from nexuskv.policy.testing import build_activation
+from nexuskv.policy.types import plugin_functions
 from nexuskv.policy.verdict import Placement, Verdict
 
 SHIPPED = Path(__file__).resolve().parents[1] / "policies"

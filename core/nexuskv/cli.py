@@ -119,7 +119,7 @@ def policy_grp() -> None:
 
 
 def _functions() -> dict[str, Any]:
-    from nexuskv.policy.policyset import plugin_functions
+    from nexuskv.policy.types import plugin_functions
 
     decls, problems = plugin_functions(PluginManager().cel_functions())
     for p in problems:

@@ -50,7 +50,7 @@ from nexuskv.planner import Planner, decide, to_plan
 from nexuskv.plugins import PluginManager
 from nexuskv.policy.loader import Policies
 from nexuskv.policy.model import Candidate
-from nexuskv.policy.policyset import plugin_functions
+from nexuskv.policy.types import plugin_functions
 from nexuskv.prefetch import Prefetcher
 from nexuskv.units import parse_bytes
 from nexuskv.writer import WriteItem, Writer

@@ -20,8 +20,9 @@ from attrs import define, field
 from nexuskv import _schema
 from nexuskv.errors import ContractError, NexusKVError
 from nexuskv.policy import _tomlpos
+from nexuskv.policy.compiler import compile_policy
 from nexuskv.policy.model import PolicyFile
-from nexuskv.policy.policyset import KINDS, PolicySet, RuleSource, compile_policy
+from nexuskv.policy.policyset import KINDS, PolicySet, RuleSource
 
 __all__ = ["Policies", "PolicyError", "PolicyProblem", "parse_policy_file"]
 

@@ -16,34 +16,28 @@ from attrs import define
 
 from nexuskv.contracts import Predicted, Request, StateDescriptor
 from nexuskv.logs import get_logger
-from nexuskv.policy import _fastpath, _tomlpos
-from nexuskv.policy.cel import CelError, CelEvalError, Compiled, compile_expr, fuse
+from nexuskv.policy import _fastpath
+from nexuskv.policy.cel import CelEvalError, Compiled, fuse
 from nexuskv.policy.model import (
     Candidate,
     Failure,
     PolicyFile,
 )
 from nexuskv.policy.types import (
-    BOOL,
-    DOUBLE,
-    DURATION,
-    INT,
     STRING,
     TIMESTAMP,
     CelType,
     Env,
     FunctionDecl,
     message_type,
-    record_type,
 )
 from nexuskv.policy.verdict import Placement, Verdict
 
-__all__ = ["KINDS", "PolicySet", "RuleSource", "compile_policy", "kind_env"]
+__all__ = ["KINDS", "CompiledRule", "PolicySet", "RuleSource", "kind_env"]
 
 log = get_logger(__name__)
 
 KINDS = ("admit", "reuse", "place", "share")
-DEFAULT_COST_LIMIT = 10_000
 
 _COMMON: dict[str, CelType] = {"request": message_type(Request), "node": STRING, "now": TIMESTAMP}
 _PER_KIND: dict[str, dict[str, CelType]] = {
@@ -52,7 +46,6 @@ _PER_KIND: dict[str, dict[str, CelType]] = {
     "reuse": {"match": message_type(Candidate), "tier": STRING, "cost": message_type(Predicted)},
     "share": {"match": message_type(Candidate)},
 }
-_VAR_REF = re.compile(r"\bvariables\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def kind_env(kind: str, functions: Mapping[str, FunctionDecl] | None = None) -> Env:
@@ -119,7 +112,9 @@ _EFFECT_CODE = {"deny": _DENY, "warn": _WARN, "audit": _AUDIT, "allow": _ALLOW, 
 
 
 @define(frozen=True)
-class _Rule:
+class CompiledRule:
+    """One rule as compiled: its expressions, effect and settings (built by `compiler`)."""
+
     name: str
     kind: str
     file: str
@@ -147,7 +142,7 @@ class PolicySet:
         self,
         name: str,
         revision: str,
-        rules: Mapping[str, Sequence[_Rule]],
+        rules: Mapping[str, Sequence[CompiledRule]],
         variables: Mapping[str, Mapping[str, Compiled]],
         settings: Mapping[str, Any],
         files: Sequence[str],
@@ -308,21 +303,21 @@ class PolicySet:
         return [(r.name, r.scope) for r in self.rules["share"] if reader in r.tenants or "*" in r.tenants]
 
 
-def _share_applies(rule: _Rule, act: Mapping[str, Any]) -> bool:
+def _share_applies(rule: CompiledRule, act: Mapping[str, Any]) -> bool:
     """Whether a share rule is about this reader (`request.tenant`) and this candidate's scope (`match.scope`)."""
     reader = getattr(act.get("request"), "tenant", None)
     scope = getattr(act.get("match"), "scope", None)
     return (reader in rule.tenants or "*" in rule.tenants) and scope == rule.scope
 
 
-def _fires(rule: _Rule, act: dict[str, Any]) -> bool:
+def _fires(rule: CompiledRule, act: dict[str, Any]) -> bool:
     for m in rule.match:
         if not m(act):
             return False
     return bool(rule.when(act))
 
 
-def _message(rule: _Rule, act: dict[str, Any]) -> str:
+def _message(rule: CompiledRule, act: dict[str, Any]) -> str:
     if rule.message_fn is not None:
         try:
             return str(rule.message_fn(act))
@@ -331,286 +326,6 @@ def _message(rule: _Rule, act: dict[str, Any]) -> str:
     return rule.message
 
 
-def _uses(rule: _Rule, name: str) -> bool:
+def _uses(rule: CompiledRule, name: str) -> bool:
     fns = [*rule.match, rule.when, rule.message_fn, rule.max_tokens, rule.tier_fn, rule.ttl_fn, rule.priority_fn]
     return any(f is not None and re.search(rf"\b{name}\b", f.source) for f in fns)
-
-
-# ------------------------------------------------------------------------------------------------ compiling
-
-
-def _locate_text(text: str, rule: str, expr: str, line: int | None, col: int | None) -> tuple[int | None, int | None]:
-    """Fallback position (inline tables, unusual layouts): the expression's first line after the rule's name."""
-    start = 0
-    if rule:
-        m = re.search(rf"""^\s*name\s*=\s*["']{re.escape(rule)}["']""", text, re.M)
-        if m:
-            start = m.start()
-    first = expr.splitlines()[0] if expr else ""
-    pos = text.find(first, start) if first else -1
-    if pos < 0:
-        pos = text.find(first) if first else -1
-    if pos < 0:
-        return (text.count("\n", 0, start) + 1 if rule else None), None
-    base_line, base_col = _tomlpos.file_position(text, pos)
-    line = line or 1
-    if line == 1:
-        return base_line, base_col + (col or 1) - 1
-    return base_line + line - 1, col
-
-
-def _expr_index(expr: str, line: int | None, col: int | None) -> int:
-    """Character index in `expr` of the 1-based (line, col) of a CEL error (0 when unknown)."""
-    if line is None:
-        return 0
-    lines = expr.split("\n")
-    return sum(len(ln) + 1 for ln in lines[: line - 1]) + (col or 1) - 1
-
-
-def _locate(
-    text: str,
-    where: tuple[str, str, str | None, int | None, int],
-    expr: str = "",
-    line: int | None = None,
-    col: int | None = None,
-) -> tuple[int | None, int | None]:
-    """File line and column of position (line, col) inside `expr`, the value of a key of a rule or variable.
-
-    `where` is (kind, rule, key, index, occurrence): the `occurrence`-th `[[kind]]` table named `rule`, its `key`
-    (its `index`-th item for `match`), or with kind "variables" the variable `key`. Without a key: the rule's
-    `name`. The TOML string is decoded character by character, so escapes and `'''` strings map exactly.
-    """
-    kind, rule, key, index, occurrence = where
-    scan = _tomlpos.Strings(text)
-    block = (_tomlpos.table_block(scan, "variables") if kind == "variables"
-             else _tomlpos.rule_block(scan, kind, rule, occurrence))  # fmt: skip
-    if block is None:
-        return _locate_text(text, rule, expr, line, col)
-    if key is None:
-        pos = _tomlpos.key_offset(scan, "name", *block)
-        return _tomlpos.file_position(text, pos if pos is not None else block[0])
-    start = _tomlpos.key_value(scan, key, *block, index=index)
-    if start is None:  # a defaulted key (a place rule's `when`): the rule itself
-        pos = _tomlpos.key_offset(scan, key, *block)
-        pos = pos if pos is not None else _tomlpos.key_offset(scan, "name", *block)
-        return _tomlpos.file_position(text, pos if pos is not None else block[0])
-    decoded = _tomlpos.value_offsets(text, start)
-    if decoded is None or (expr and decoded[0] != expr):
-        return _tomlpos.file_position(text, start)
-    offs = decoded[1]
-    i = _expr_index(decoded[0], line, col)
-    return _tomlpos.file_position(text, offs[max(0, min(i, len(offs) - 1))])
-
-
-def _duration_text(text: str) -> float:
-    from nexuskv.policy._celrt import duration
-
-    return duration(text).total_seconds()
-
-
-def compile_policy(
-    chain: Sequence[RuleSource], functions: Mapping[str, FunctionDecl] | None = None
-) -> tuple[PolicySet | None, list[dict[str, Any]]]:
-    """Compile an `extends` chain (child first) into a `PolicySet`; return it (None on problems) and problems."""
-    problems: list[dict[str, Any]] = []
-    child = chain[0]
-
-    def setting(name: str, default: Any) -> Any:
-        for src in chain:
-            value = getattr(src.model, name)
-            if value not in (None, ""):
-                return value
-        return default
-
-    failure = child.model.failure
-    cost_limit = setting("max_cost", DEFAULT_COST_LIMIT)
-    settings = {"failure": failure, "min_gain_ms": setting("min_gain_ms", 0.0),
-                "default_tier": setting("default_tier", "")}  # fmt: skip
-
-    # Variables: ancestors first; a child's variable of the same name replaces the parent's.
-    var_src: dict[str, tuple[str, RuleSource]] = {}
-    for src in reversed(chain):
-        for vname, expr in src.model.variables.items():
-            var_src.pop(vname, None)
-            var_src[vname] = (expr, src)
-
-    def problem(
-        src: RuleSource,
-        rule: str,
-        exc: CelError | str,
-        where: tuple[str, str, str | None, int | None, int],
-        expr: str = "",
-        what: str = "",
-        at: tuple[int | None, int | None] | None = None,
-    ) -> None:
-        """Record a problem; `where` locates it (see `_locate`), `at` is a position inside `expr`."""
-        if isinstance(exc, CelError):
-            line, col = _locate(src.text, where, expr, exc.line, exc.column)
-            msg = f"{what}: {exc.message}" if what else exc.message
-        else:
-            line, col = _locate(src.text, where, expr, *(at or (None, None)))
-            msg = f"{what}: {exc}" if what else exc
-        problems.append({"file": src.path, "rule": rule, "message": msg, "line": line, "column": col})
-
-    funcs = dict(functions or {})
-    compiled_vars: dict[str, dict[str, Compiled]] = {}
-    var_errors: dict[str, dict[str, tuple[CelError, str, RuleSource]]] = {}
-    for kind in KINDS:
-        fns: dict[str, Compiled] = {}
-        errs: dict[str, tuple[CelError, str, RuleSource]] = {}
-        for vname, (expr, src) in var_src.items():
-            env = kind_env(kind, funcs).extend({"variables": record_type("variables", {k: f.type for k, f in
-                                                                                          fns.items()})})  # fmt: skip
-            try:
-                fns[vname] = compile_expr(expr, env, cost_limit=cost_limit)
-            except CelError as exc:
-                errs[vname] = (exc, expr, src)
-        compiled_vars[kind] = fns
-        var_errors[kind] = errs
-    # A variable that compiles in no kind is wrong wherever it is; one that fails only in some kinds is an
-    # error only where a rule of such a kind uses it.
-    broken = {vname for vname in var_src if all(vname in var_errors[k] for k in KINDS)}
-    for vname in broken:
-        exc, expr, src = var_errors["admit"][vname]
-        problem(src, "", exc, ("variables", "", vname, None, 0), expr, what=f"variable {vname!r}")
-
-    rules: dict[str, list[_Rule]] = {k: [] for k in KINDS}
-    for kind in KINDS:
-        seen: set[str] = set()
-        env = kind_env(kind, funcs).extend({"variables": record_type("variables", {k: f.type for k, f in
-                                                                                     compiled_vars[kind].items()})})
-        for src in chain:
-            names_here: dict[str, int] = {}
-            for rule in getattr(src.model, kind):
-                if rule.name in names_here:
-                    names_here[rule.name] += 1
-                    problem(src, rule.name, f"duplicate {kind} rule name {rule.name!r}",
-                            (kind, rule.name, None, None, names_here[rule.name]))  # fmt: skip
-                    continue
-                names_here[rule.name] = 0
-                if rule.name in seen:
-                    continue  # overridden by a descendant
-                seen.add(rule.name)
-                built = _compile_rule(kind, rule, src, env, cost_limit, failure, var_errors[kind], broken, problem)
-                if built is not None:
-                    rules[kind].append(built)
-    if problems:
-        return None, problems
-    revision = chain[0].revision if len(chain) == 1 else _combine([s.revision for s in chain])
-    return PolicySet(child.model.name, revision, rules, compiled_vars, settings, [s.path for s in chain]), []
-
-
-def _combine(revisions: Sequence[str]) -> str:
-    import hashlib
-
-    return hashlib.sha256("/".join(revisions).encode()).hexdigest()[:16]
-
-
-def _compile_rule(
-    kind: str,
-    rule: Any,
-    src: RuleSource,
-    env: Env,
-    cost_limit: int,
-    failure: Failure,
-    var_errors: Mapping[str, tuple[CelError, str, RuleSource]],
-    broken: set[str],
-    problem: Callable[..., None],
-) -> _Rule | None:
-    ok = True
-
-    def where(key: str | None, index: int | None = None) -> tuple[str, str, str | None, int | None, int]:
-        return (kind, rule.name, key, index, 0)
-
-    def comp(expr: str, what: str, expect: CelType | None, key: str, index: int | None = None) -> Compiled | None:
-        nonlocal ok
-        for ref in _VAR_REF.finditer(expr):
-            name = ref.group(1)
-            if name in broken:  # reported once, at the variable
-                ok = False
-                return None
-            if name in var_errors:
-                # The variable is fine where its inputs exist; the problem is this rule's use of it.
-                exc, _, vsrc = var_errors[name]
-                vline, vcol = _locate(vsrc.text, ("variables", "", name, None, 0), var_errors[name][1],
-                                      exc.line, exc.column)  # fmt: skip
-                at = (expr.count("\n", 0, ref.start()) + 1, ref.start() - (expr.rfind("\n", 0, ref.start()) + 1) + 1)
-                vat = ":".join(str(x) for x in (vsrc.path, vline, vcol) if x is not None)
-                problem(src, rule.name, f"variable {name!r} cannot be used in a {kind} rule: {exc.message} "
-                        f"(variable at {vat})", where(key, index), expr, what, at)  # fmt: skip
-                ok = False
-                return None
-        try:
-            return compile_expr(expr, env, expect=expect, cost_limit=cost_limit)
-        except CelError as exc:
-            problem(src, rule.name, exc, where(key, index), expr, what=what)
-            ok = False
-            return None
-
-    match = tuple(comp(m, f"match[{i}]", BOOL, "match", i) for i, m in enumerate(rule.match))
-    when = comp(rule.when, "when", BOOL, "when")
-    extra: dict[str, Any] = {}
-    if getattr(rule, "message_expr", ""):
-        extra["message_fn"] = comp(rule.message_expr, "message_expr", STRING, "message_expr")
-    if kind == "reuse" and rule.max_tokens:
-        extra["max_tokens"] = comp(rule.max_tokens, "max_tokens", INT, "max_tokens")
-    if kind == "place":
-        extra["tier"] = rule.tier or None
-        if rule.tier_expr:
-            extra["tier_fn"] = comp(rule.tier_expr, "tier_expr", STRING, "tier_expr")
-        if rule.ttl:
-            try:
-                extra["ttl_s"] = _duration_text(rule.ttl)
-            except CelEvalError as exc:
-                problem(src, rule.name, f"{rule.ttl!r}: {exc}", where("ttl"), rule.ttl, what="ttl")
-                ok = False
-        if rule.ttl_expr:
-            extra["ttl_fn"] = comp(rule.ttl_expr, "ttl_expr", DURATION, "ttl_expr")
-        extra["priority"] = rule.priority
-        if rule.priority_expr:
-            fn = comp(rule.priority_expr, "priority_expr", None, "priority_expr")
-            if fn is not None and fn.type not in (INT, DOUBLE):
-                problem(src, rule.name, f"expression must evaluate to int or double, but its type is {fn.type}",
-                        where("priority_expr"), rule.priority_expr, what="priority_expr")  # fmt: skip
-                ok = False
-            extra["priority_fn"] = fn
-        if not (rule.tier or rule.tier_expr or rule.ttl or rule.ttl_expr or rule.priority is not None
-                or rule.priority_expr):  # fmt: skip
-            problem(src, rule.name, "a place rule must set at least one of tier, ttl, priority (or their _expr)",
-                    where(None))  # fmt: skip
-            ok = False
-    if kind == "share":
-        extra["scope"] = rule.scope
-        extra["tenants"] = tuple(rule.tenants)
-    if not ok or when is None:
-        return None
-    return _Rule(name=rule.name, kind=kind, file=src.path, match=match, when=when,  # type: ignore[arg-type]
-                 effect=rule.effect.value, failure=rule.failure or failure,
-                 message=getattr(rule, "message", ""), **extra)  # fmt: skip
-
-
-_TYPE_NAMES: dict[str, CelType] = {"int": INT, "double": DOUBLE, "string": STRING, "bool": BOOL,
-                                   "duration": DURATION, "timestamp": TIMESTAMP}  # fmt: skip
-
-
-def plugin_functions(registrations: Mapping[str, Any]) -> tuple[dict[str, FunctionDecl], list[str]]:
-    """FunctionDecls from `nexuskv_register_cel_functions` registrations `(fn, arg_types, result_type)`.
-
-    Returns the declarations and a problem per registration that could not be used (bad type name, shape).
-    """
-    from nexuskv.policy import types as t
-
-    names = {**_TYPE_NAMES, "uint": t.UINT, "bytes": t.BYTES, "dyn": t.DYN,
-             "list": t.list_of(t.DYN), "map": t.map_of(STRING, t.DYN)}  # fmt: skip
-    out: dict[str, FunctionDecl] = {}
-    problems: list[str] = []
-    for name, reg in registrations.items():
-        try:
-            fn, args, result = reg
-            decl = FunctionDecl(name=name, args=tuple(names[a] for a in args), result=names[result], impl=fn)
-        except (KeyError, TypeError, ValueError) as exc:
-            problems.append(f"CEL function {name!r}: bad registration ({exc!r}); expected "
-                            f"register(name, fn, [arg type names], result type name)")  # fmt: skip
-            continue
-        out[name] = decl
-    return out, problems

@@ -37,6 +37,7 @@ __all__ = [
     "map_of",
     "message_fields",
     "message_type",
+    "plugin_functions",
     "record_type",
 ]
 
@@ -282,3 +283,28 @@ class Env:
     ) -> Env:
         """A new Env with more (or replaced) declarations."""
         return Env({**self.variables, **(variables or {})}, {**self.functions, **(functions or {})})
+
+
+_TYPE_NAMES: dict[str, CelType] = {"int": INT, "double": DOUBLE, "string": STRING, "bool": BOOL,
+                                   "duration": DURATION, "timestamp": TIMESTAMP}  # fmt: skip
+
+
+def plugin_functions(registrations: Mapping[str, Any]) -> tuple[dict[str, FunctionDecl], list[str]]:
+    """FunctionDecls from `nexuskv_register_cel_functions` registrations `(fn, arg_types, result_type)`.
+
+    Returns the declarations and a problem per registration that could not be used (bad type name, shape).
+    """
+    names = {**_TYPE_NAMES, "uint": UINT, "bytes": BYTES, "dyn": DYN,
+             "list": list_of(DYN), "map": map_of(STRING, DYN)}  # fmt: skip
+    out: dict[str, FunctionDecl] = {}
+    problems: list[str] = []
+    for name, reg in registrations.items():
+        try:
+            fn, args, result = reg
+            decl = FunctionDecl(name=name, args=tuple(names[a] for a in args), result=names[result], impl=fn)
+        except (KeyError, TypeError, ValueError) as exc:
+            problems.append(f"CEL function {name!r}: bad registration ({exc!r}); expected "
+                            f"register(name, fn, [arg type names], result type name)")  # fmt: skip
+            continue
+        out[name] = decl
+    return out, problems

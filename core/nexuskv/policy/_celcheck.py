@@ -1,0 +1,426 @@
+"""The CEL type checker and the static cost bound.
+
+`Checker.check` types every node of a parsed tree against an `Env` (variables, message types, plugin
+functions), rejecting unknown names (with a did-you-mean), wrong operand types and results of the wrong type;
+`cost_of` is the static upper bound the cost limit is checked against (the model is in `cel`'s docstring).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any
+
+from nexuskv.policy._celparse import CelTypeError, Node
+from nexuskv.policy.types import (
+    BOOL,
+    DEFAULT_MAX_LIST,
+    DEFAULT_MAX_STRING,
+    DOUBLE,
+    DURATION,
+    DYN,
+    INT,
+    STRING,
+    TIMESTAMP,
+    UINT,
+    CelType,
+    Env,
+    FunctionDecl,
+    list_of,
+    map_of,
+)
+
+# --------------------------------------------------------------------------------------------- checker
+
+_ORDERED = {"int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration"}
+EQ_NATIVE = {"int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration"}
+HASHABLE_IN = {"int", "uint", "string", "bytes", "bool", "timestamp", "duration"}
+CONVERSIONS: dict[str, set[str]] = {
+    "int": {"int", "uint", "double", "string", "timestamp"},
+    "uint": {"int", "uint", "double", "string"},
+    "double": {"int", "uint", "double", "string"},
+    "string": {"int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration"},
+}
+_CONVERSION_RESULT = {"int": INT, "uint": UINT, "double": DOUBLE, "string": STRING}
+_STRING_SIZE = {"int": 20, "uint": 20, "double": 32, "bool": 5, "timestamp": 40, "duration": 40}
+STRING_METHODS = {"startsWith", "endsWith", "contains", "matches"}
+FOLDABLE = {
+    "!", "neg", "+", "-", "*", "/", "%", "==", "!=", "<", "<=", ">", ">=", "?:", "&&", "||", "call",
+}  # fmt: skip
+FOLD_AT_COMPILE = {"bytes_of", "duration", "timestamp"}
+
+
+def compat(a: CelType, b: CelType) -> bool:
+    """Whether a value of type `a` may stand where `b` is expected (dyn is compatible with everything)."""
+    if a.kind == "dyn" or b.kind == "dyn":
+        return True
+    if a.kind != b.kind:
+        return False
+    if a.kind == "message":
+        return a == b
+    return all(compat(x, y) for x, y in zip(a.params, b.params, strict=True))
+
+
+def _join(a: CelType, b: CelType) -> CelType | None:
+    """The common type of two branches / elements, or None."""
+    if a.kind == "null" and b.kind != "null":
+        return b.as_nullable()
+    if b.kind == "null" and a.kind != "null":
+        return a.as_nullable()
+    if not compat(a, b):
+        return None
+    nullable = a.nullable or b.nullable
+    if a.kind == "dyn" or b.kind == "dyn":
+        return DYN
+    size = max(a.max_size, b.max_size) if a.max_size is not None and b.max_size is not None else None
+    if a.kind == "list":
+        inner = _join(a.elem, b.elem)
+        assert inner is not None
+        return list_of(inner, size).as_nullable(nullable)
+    if a.kind == "map":
+        k, v = _join(a.key, b.key), _join(a.elem, b.elem)
+        assert k is not None and v is not None
+        return map_of(k, v, size).as_nullable(nullable)
+    return a.with_size(size).as_nullable(nullable)
+
+
+def _nullable_eq(a: CelType, b: CelType) -> bool:
+    """`x == null` is allowed when x may be null (optional fields, messages, dyn)."""
+    if a.kind == "null":
+        a, b = b, a
+    return b.kind == "null" and (a.nullable or a.kind in ("null", "dyn", "message"))
+
+
+def _slen(t: CelType) -> int:
+    return t.max_size if t.max_size is not None and t.kind in ("string", "bytes") else DEFAULT_MAX_STRING
+
+
+def _items(t: CelType) -> int:
+    return t.max_size if t.max_size is not None and t.kind in ("list", "map") else DEFAULT_MAX_LIST
+
+
+def _sum_size(a: CelType, b: CelType) -> int | None:
+    return a.max_size + b.max_size if a.max_size is not None and b.max_size is not None else None
+
+
+class Checker:
+    """Type-checks a tree against an Env, annotating every node with its type."""
+
+    def __init__(self, env: Env, source: str) -> None:
+        self.env = env
+        self.source = source
+
+    def error(self, n: Node, message: str) -> CelTypeError:
+        return CelTypeError(message, n.line, n.col, self.source)
+
+    def check(self, n: Node, scope: dict[str, CelType]) -> CelType:
+        t = self._check(n, scope)
+        n.t = t
+        return t
+
+    def _check(self, n: Node, scope: dict[str, CelType]) -> CelType:
+        op = n.op
+        if op == "lit":
+            return n.t
+        if op == "ident":
+            name = n.value
+            if name in scope:
+                return scope[name]
+            if name in self.env.variables:
+                return self.env.variables[name]
+            raise self.error(
+                n, f"undeclared variable '{name}'{_did_you_mean(name, [*scope, *self.env.variables])}"
+            )
+        if op in ("select", "has"):
+            ot = self.check(n.args[0], scope)
+            field = n.value
+            if ot.kind == "message":
+                fields = ot.fields()
+                if field not in fields:
+                    raise self.error(n, f"unknown field '{field}' on {ot}{_did_you_mean(field, fields)}")
+                return BOOL if op == "has" else fields[field]
+            if ot.kind == "map":
+                if ot.key.kind not in ("string", "dyn"):
+                    raise self.error(n, f"cannot select '{field}' on {ot}: keys are not strings")
+                return BOOL if op == "has" else ot.elem
+            if ot.kind == "dyn":
+                return BOOL if op == "has" else DYN
+            what = "has() on" if op == "has" else "cannot select field"
+            raise self.error(
+                n, f"{what} '{field}' of a value of type {ot} (only messages and maps have fields)"
+            )
+        if op == "index":
+            ot = self.check(n.args[0], scope)
+            it = self.check(n.args[1], scope)
+            if ot.kind == "list":
+                if it.kind not in ("int", "uint", "dyn"):
+                    raise self.error(n, f"list index must be int, got {it}")
+                return ot.elem
+            if ot.kind == "map":
+                if not compat(it, ot.key):
+                    raise self.error(n, f"map key must be {ot.key}, got {it}")
+                return ot.elem
+            if ot.kind == "dyn":
+                return DYN
+            raise self.error(n, f"cannot index a value of type {ot}")
+        if op == "list":
+            if not n.args:
+                return list_of(DYN, 0)
+            elem = self.check(n.args[0], scope)
+            for a in n.args[1:]:
+                at = self.check(a, scope)
+                joined = _join(elem, at)
+                if joined is None:
+                    raise self.error(a, f"list elements must have one type: {elem} and {at}")
+                elem = joined
+            return list_of(elem, len(n.args))
+        if op == "map":
+            if not n.args:
+                return map_of(DYN, DYN, 0)
+            kt: CelType | None = None
+            vt: CelType | None = None
+            for i in range(0, len(n.args), 2):
+                k, v = n.args[i], n.args[i + 1]
+                ct, cv = self.check(k, scope), self.check(v, scope)
+                if ct.kind not in ("int", "uint", "bool", "string", "dyn"):
+                    raise self.error(k, f"map keys must be int, uint, bool or string, not {ct}")
+                nk = ct if kt is None else _join(kt, ct)
+                nv = cv if vt is None else _join(vt, cv)
+                if nk is None:
+                    raise self.error(k, f"map keys must have one type: {kt} and {ct}")
+                if nv is None:
+                    raise self.error(v, f"map values must have one type: {vt} and {cv}")
+                kt, vt = nk.with_size(None).as_nullable(False), nv
+            assert kt is not None and vt is not None
+            return map_of(kt, vt, len(n.args) // 2)
+        if op == "!":
+            self.want_bool(n.args[0], scope, "operand of '!'")
+            return BOOL
+        if op == "neg":
+            t = self.check(n.args[0], scope)
+            if t.kind in ("int", "double", "dyn"):
+                return t.as_nullable(False).with_size(None)
+            raise self.error(n, f"unary '-' is not defined for {t}")
+        if op in ("&&", "||"):
+            for a in n.args:
+                self.want_bool(a, scope, f"operand of '{op}'")
+            return BOOL
+        if op == "?:":
+            self.want_bool(n.args[0], scope, "condition of '?:'")
+            a, b = self.check(n.args[1], scope), self.check(n.args[2], scope)
+            joined = _join(a, b)
+            if joined is None:
+                raise self.error(n, f"branches of '?:' have different types: {a} and {b}")
+            return joined
+        if op in ("+", "-", "*", "/", "%"):
+            return self.arith(n, scope)
+        if op in ("==", "!="):
+            a, b = self.check(n.args[0], scope), self.check(n.args[1], scope)
+            if not (compat(a, b) or _nullable_eq(a, b)):
+                raise self.error(n, f"cannot compare {a} {op} {b} (operands must have the same type)")
+            return BOOL
+        if op in ("<", "<=", ">", ">="):
+            a, b = self.check(n.args[0], scope), self.check(n.args[1], scope)
+            ok = (a.kind == b.kind and a.kind in _ORDERED) or (
+                "dyn" in (a.kind, b.kind) and {a.kind, b.kind} <= (_ORDERED | {"dyn"})
+            )
+            if not ok:
+                raise self.error(n, f"operator '{op}' is not defined for {a} and {b}")
+            return BOOL
+        if op == "in":
+            a, b = self.check(n.args[0], scope), self.check(n.args[1], scope)
+            if b.kind == "list":
+                if not (compat(a, b.elem) or _nullable_eq(a, b.elem)):
+                    raise self.error(n, f"'in': cannot look for {a} in {b}")
+            elif b.kind == "map":
+                if not compat(a, b.key):
+                    raise self.error(n, f"'in': cannot look for {a} among the keys of {b}")
+            elif b.kind != "dyn":
+                raise self.error(n, f"'in' needs a list or a map on the right, got {b}")
+            return BOOL
+        if op.startswith("comp:"):
+            return self.comprehension(n, scope)
+        if op == "call":
+            return self.call(n, scope)
+        raise self.error(n, f"unsupported expression {op!r}")  # pragma: no cover
+
+    def want_bool(self, n: Node, scope: dict[str, CelType], what: str) -> None:
+        t = self.check(n, scope)
+        if t.kind not in ("bool", "dyn"):
+            raise self.error(n, f"{what} must be bool, got {t}")
+
+    def arith(self, n: Node, scope: dict[str, CelType]) -> CelType:
+        op = n.op
+        a, b = self.check(n.args[0], scope), self.check(n.args[1], scope)
+        ka, kb = a.kind, b.kind
+        numeric = {"int", "uint", "double"}
+        if "dyn" in (ka, kb):
+            other = kb if ka == "dyn" else ka
+            if (
+                other in numeric | {"dyn"}
+                or (op in "+-" and other in {"timestamp", "duration"})
+                or (op == "+" and other in {"string", "bytes", "list"})
+            ):
+                return DYN
+        elif ka == kb:
+            if ka in numeric and not (ka == "double" and op == "%"):
+                return CelType(ka)
+            if op == "+" and ka in ("string", "bytes"):
+                return CelType(ka, max_size=_sum_size(a, b))
+            if op == "+" and ka == "list":
+                joined = _join(a.elem, b.elem)
+                if joined is not None:
+                    return list_of(joined, _sum_size(a, b))
+            if ka == "duration" and op in "+-":
+                return DURATION
+            if ka == "timestamp" and op == "-":
+                return DURATION
+        elif {ka, kb} == {"timestamp", "duration"} and (op == "+" or (op == "-" and ka == "timestamp")):
+            return TIMESTAMP
+        hint = ""
+        if {ka, kb} <= numeric:
+            hint = f" (no implicit conversion: use {kb}() or {ka}())"
+        raise self.error(n, f"operator '{op}' is not defined for {a} and {b}{hint}")
+
+    def comprehension(self, n: Node, scope: dict[str, CelType]) -> CelType:
+        macro = n.op[5:]
+        rt_ = self.check(n.args[0], scope)
+        if rt_.kind == "list":
+            vt = rt_.elem
+        elif rt_.kind == "map":
+            vt = rt_.key
+        elif rt_.kind == "dyn":
+            vt = DYN
+        else:
+            raise self.error(n, f"{macro}() needs a list or a map, got {rt_}")
+        inner = {**scope, n.value: vt}
+        size = rt_.max_size if rt_.kind in ("list", "map") else None
+        if macro == "map":
+            if len(n.args) == 3:
+                body = self.check(n.args[2], inner)
+                self.want_bool(n.args[1], inner, "filter of map()")
+            else:
+                body = self.check(n.args[1], inner)
+            return list_of(body, size)
+        self.want_bool(n.args[1], inner, f"predicate of {macro}()")
+        if macro == "filter":
+            return list_of(vt, size)
+        return BOOL
+
+    def call(self, n: Node, scope: dict[str, CelType]) -> CelType:
+        name = n.value
+        args = [self.check(a, scope) for a in n.args]
+        decl = self.env.functions.get(name)
+        if decl is not None:
+            return self.plugin(n, decl, args)
+        if name == "size":
+            if len(args) != 1:
+                raise self.error(n, "size() takes one argument: size(x) or x.size()")
+            if args[0].kind not in ("string", "bytes", "list", "map", "dyn"):
+                raise self.error(n, f"size() is not defined for {args[0]}")
+            return INT
+        if name in STRING_METHODS:
+            if not n.method:
+                raise self.error(n, f"{name}() is a method: use s.{name}(...)")
+            if len(args) != 2:
+                raise self.error(n, f"{name}() takes one argument")
+            for a, t in zip(n.args, args, strict=True):
+                if t.kind not in ("string", "dyn"):
+                    raise self.error(a, f"{name}() is defined on strings, got {t}")
+            return BOOL
+        if name in CONVERSIONS or name in ("duration", "timestamp", "bytes_of"):
+            if n.method:
+                raise self.error(n, f"{name}() is a function: use {name}(x)")
+            if len(args) != 1:
+                raise self.error(n, f"{name}() takes one argument")
+            src = args[0].kind
+            if name in CONVERSIONS:
+                if src not in CONVERSIONS[name] and src != "dyn":
+                    raise self.error(n, f"no conversion {name}({args[0]})")
+                result = _CONVERSION_RESULT[name]
+                if name == "string":
+                    size = _slen(args[0]) if src in ("string", "bytes") else _STRING_SIZE.get(src)
+                    return result.with_size(size)
+                return result
+            if name == "bytes_of":
+                if src not in ("string", "int", "dyn"):
+                    raise self.error(n, f'bytes_of() takes a string like "4GiB", got {args[0]}')
+                return INT
+            if src not in ("string", "dyn"):
+                raise self.error(n, f"{name}() takes a string, got {args[0]}")
+            return DURATION if name == "duration" else TIMESTAMP
+        if n.method:
+            raise self.error(n, f"unknown method '{name}' on {args[0]}")
+        known = [
+            *self.env.functions,
+            "size",
+            "int",
+            "uint",
+            "double",
+            "string",
+            "duration",
+            "timestamp",
+            "bytes_of",
+        ]
+        raise self.error(n, f"unknown function '{name}'{_did_you_mean(name, known)}")
+
+    def plugin(self, n: Node, decl: FunctionDecl, args: list[CelType]) -> CelType:
+        style = f"x.{decl.name}(...)" if decl.receiver else f"{decl.name}(...)"
+        if n.method != decl.receiver:
+            raise self.error(n, f"{decl.name}() must be called as {style}")
+        if len(args) != len(decl.args):
+            raise self.error(n, f"{decl.name}() takes {len(decl.args)} arguments, got {len(args)}")
+        for i, (a, want) in enumerate(zip(args, decl.args, strict=True)):
+            if not compat(a, want):
+                raise self.error(n.args[i], f"argument {i + 1} of {decl.name}() must be {want}, got {a}")
+        return decl.result
+
+
+def _did_you_mean(name: str, candidates: Any) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# --------------------------------------------------------------------------------------------- cost
+
+
+def cost_of(n: Node, env: Env) -> int:
+    """The static cost bound of a checked tree (the model is in `cel`'s module docstring)."""
+    op = n.op
+    if op.startswith("comp:"):
+        rng = n.args[0]
+        body = sum(cost_of(a, env) for a in n.args[1:])
+        return 1 + cost_of(rng, env) + _items(rng.t) * (body + 1)
+    c = 1 + sum(cost_of(a, env) for a in n.args)
+    args = [a.t for a in n.args]
+    if op in ("==", "!=", "<", "<=", ">", ">="):
+        a, b = args
+        if a.kind in ("string", "bytes") or b.kind in ("string", "bytes"):
+            c += math.ceil(0.1 * min(_slen(a), _slen(b)))
+        elif a.kind in ("list", "map") or b.kind in ("list", "map"):
+            c += min(_items(a), _items(b))
+        elif a.kind == "message":
+            c += len(a.fields())
+    elif op == "in" and args[1].kind in ("list", "dyn"):
+        c += _items(args[1])
+    elif op == "+" and n.t.kind in ("string", "bytes", "list"):
+        size = _sum_size(args[0], args[1])
+        c += math.ceil(0.1 * (size if size is not None else 2 * DEFAULT_MAX_STRING))
+    elif op == "call":
+        name = n.value
+        decl = env.functions.get(name)
+        if decl is not None:
+            c += decl.cost - 1
+        elif name in ("startsWith", "endsWith"):
+            c += math.ceil(0.1 * _slen(args[1]))
+        elif name == "contains":
+            c += math.ceil(0.1 * _slen(args[0]))
+        elif name == "matches":
+            c += math.ceil(0.1 * _slen(args[0])) + math.ceil(0.1 * _slen(args[1]))
+        elif (name in CONVERSIONS or name in FOLD_AT_COMPILE) and args[0].kind in (
+            "string",
+            "bytes",
+            "dyn",
+        ):
+            c += math.ceil(0.1 * _slen(args[0]))
+    return c
