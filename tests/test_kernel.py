@@ -129,11 +129,6 @@ def test_bad_config_is_a_precise_error(tmp_path, text, fragment):
     assert fragment in str(info.value)
 
 
-def test_missing_config_file(tmp_path):
-    with pytest.raises(ConfigError, match="no such config file"):
-        KernelConfig.from_toml(tmp_path / "nope.toml")
-
-
 def test_close_revokes_lease(kernel):
     lease = kernel.lease
     kernel.close()

@@ -1,0 +1,109 @@
+"""Kernel configuration: `KernelConfig`, read from a mapping or a TOML file, and the plugin environment it implies.
+
+Every key is optional; unknown keys and wrong types are a `ConfigError` naming the file and the key path. Relative
+paths in a file (policies, profile, secret file, tier paths) are relative to the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+from attrs import define, field
+from cattrs.v import format_exception
+
+from nexuskv.errors import ConfigError
+
+__all__ = ["KernelConfig", "plugin_env"]
+
+
+def _default_tiers() -> dict[str, dict[str, Any]]:
+    return {"dram": {"store": "dram", "capacity_bytes": "1GiB"}}
+
+
+@define(frozen=True)
+class KernelConfig:
+    """Kernel settings, as read from a TOML file (every key optional)."""
+
+    node: str = "local"
+    page_size: int = 16
+    secret: str | None = None
+    secret_file: str | None = None
+    lease_ttl_s: float = 10.0
+    matcher: dict[str, Any] = field(factory=dict)
+    control_plane: dict[str, Any] = field(factory=dict)
+    tiers: dict[str, dict[str, Any]] = field(factory=_default_tiers)
+    transports: tuple[str, ...] = ("local",)
+    plugins: tuple[str, ...] | None = None  # allow list of entry-point plugins (as NEXUSKV_PLUGINS)
+    disable_plugins: tuple[str, ...] = ()  # block list, builtins included (as NEXUSKV_DISABLE_PLUGINS)
+    policies: str | None = None
+    profile: str | None = None
+    deadline_ms: float = 1.0
+    load_timeout_ms: float = 200.0
+    writer_max_bytes: int = 256 << 20
+    writer_max_items: int = 4096
+    prefetch_max_bytes: int = 512 << 20
+    prefetch_max_tasks: int = 64
+    prefetch_tenant_share: float = 0.5
+    prefetch_deadline_s: float = 5.0
+    breaker_threshold: int = 3
+    breaker_cooldown_s: float = 5.0
+    session_cache: int = 1024
+    bandwidth_scale: dict[str, float] = field(factory=dict)
+    demote: bool = True
+    promote_on_hit: bool = True  # a hit in a slower tier is copied to the tier the `place` rules choose
+    eviction: str = field(default="cost", validator=attrs.validators.in_(("cost", "lru")))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], origin: str = "<config>") -> KernelConfig:
+        """Build from a mapping; unknown keys and wrong types are a `ConfigError` naming origin and path."""
+        conv = cattrs.Converter(forbid_extra_keys=True)
+        try:
+            return conv.structure(dict(data), cls)
+        except cattrs.BaseValidationError as exc:
+            msgs = "; ".join(cattrs.transform_error(exc, path=origin, format_exception=_explain))
+            raise ConfigError(f"{origin}: {msgs}") from None
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str]) -> KernelConfig:
+        """Read a TOML config file."""
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: no such config file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: {exc}") from None
+        cfg = cls.from_mapping(data, origin=str(p))
+        # Relative paths in a config file are relative to the file.
+        for key in ("policies", "profile", "secret_file"):
+            value = getattr(cfg, key)
+            if value and not Path(value).is_absolute():
+                cfg = attrs.evolve(cfg, **{key: str(p.parent / value)})
+        tiers = {name: ({**opts, "path": str(p.parent / opts["path"])}
+                        if isinstance(opts.get("path"), str) and not Path(opts["path"]).is_absolute() else opts)
+                 for name, opts in cfg.tiers.items()}  # fmt: skip
+        return attrs.evolve(cfg, tiers=tiers)
+
+
+def _explain(exc: BaseException, type_: type | None) -> str:
+    """cattrs' message, but a validator's own words for a value no validator accepted (it names the key)."""
+    if isinstance(exc, ValueError) and type_ is None:
+        return str(exc.args[0]) if exc.args else str(exc)
+    return format_exception(exc, type_)
+
+
+def plugin_env(config: KernelConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment the plugin manager reads, with the config's allow / block lists applied on top."""
+    env = dict(os.environ if environ is None else environ)
+    if config.plugins is not None:
+        env["NEXUSKV_PLUGINS"] = ",".join(config.plugins)
+    if config.disable_plugins:
+        extra = [n for n in env.get("NEXUSKV_DISABLE_PLUGINS", "").split(",") if n.strip()]
+        env["NEXUSKV_DISABLE_PLUGINS"] = ",".join([*extra, *config.disable_plugins])
+    return env

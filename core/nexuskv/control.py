@@ -1,0 +1,80 @@
+"""The node's membership in the control plane: its lease, its epoch (the fencing token) and the heartbeat.
+
+The heartbeat thread keeps the lease alive off the hot path; `plan` only reads `ok()`. When the control plane
+does not answer (at start or later), the node keeps running and its plans fall back to recompute until the
+lease is renewed; a renewed lease after a lost one joins again, and the epoch it gets is a new fencing token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from nexuskv.interfaces import ControlPlane, Lease
+from nexuskv.logs import get_logger
+
+__all__ = ["Membership"]
+
+log = get_logger(__name__)
+
+
+class Membership:
+    """One node's lease and epoch in a control plane, kept alive by a heartbeat thread."""
+
+    def __init__(self, plane: ControlPlane, node: str, lease_ttl_s: float) -> None:
+        self.plane = plane
+        self.node = node
+        self.lease_ttl_s = lease_ttl_s
+        self.epoch = 0
+        self.lease: Lease | None = None
+        self._error = ""
+        self._seen = time.monotonic()
+        self._lock = threading.Lock()  # the heartbeat and close() both change lease and epoch
+        try:
+            self._join()
+        except Exception as exc:  # fail open: plans recompute until the control plane answers
+            self._error = f"{type(exc).__name__}: {exc}"
+            log.error("control plane unavailable at start", error=self._error)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="nexuskv-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _join(self) -> None:
+        lease = self.plane.grant(self.lease_ttl_s)
+        epoch = self.plane.join(self.node, lease.lease_id)
+        with self._lock:
+            self.lease, self.epoch = lease, epoch
+
+    def _beat(self) -> None:
+        every = max(0.05, self.lease_ttl_s / 3)
+        while not self._stop.wait(every):
+            try:
+                if self.lease is None or not self.plane.keepalive(self.lease.lease_id):
+                    self._join()  # a new lease, and with it a new fencing token
+                self._seen = time.monotonic()
+                self._error = ""
+            except Exception as exc:
+                self._error = f"{type(exc).__name__}: {exc}"
+                log.warning("control plane heartbeat failed", error=self._error)
+
+    def ok(self) -> bool:
+        """True while the lease is known to be alive (last heartbeat within the lease TTL, no error since)."""
+        return not self._error and time.monotonic() - self._seen < self.lease_ttl_s
+
+    @property
+    def problem(self) -> str:
+        """Why `ok()` is False: the last error, or that the lease was not renewed in time."""
+        return self._error or "lease not renewed"
+
+    def stop(self) -> None:
+        """Stop the heartbeat (the lease lapses by itself unless `close` revokes it)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Stop the heartbeat, revoke the lease and close the control plane (errors are ignored: we are leaving)."""
+        self.stop()
+        with contextlib.suppress(Exception):
+            if self.lease is not None:
+                self.plane.revoke(self.lease.lease_id)
+            self.plane.close()

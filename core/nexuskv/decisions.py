@@ -1,0 +1,72 @@
+"""The decision log: one structured line per plan, and plugin observers fed off the hot path.
+
+Each decision is rendered inline as a structlog line (a background renderer would compete for the GIL and
+stall plans by whole switch intervals). Plugin observers are arbitrary code, so they run on their own thread
+behind a bounded queue: when they fall behind, records are dropped and counted, never waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from typing import Any
+
+from nexuskv.contracts import Plan, to_dict
+from nexuskv.logs import get_logger
+from nexuskv.plugins import PluginManager
+
+__all__ = ["DecisionLog"]
+
+log = get_logger("nexuskv.kernel")  # the decision lines keep the logger name operators filter on
+
+
+class DecisionLog:
+    """Logs every plan and hands its record to plugin observers; counts decisions and dropped records."""
+
+    def __init__(self, plugins: PluginManager, max_queued: int = 10_000) -> None:
+        self.plugins = plugins
+        self._lock = threading.Lock()  # plans log from many threads: the counts stay exact
+        self._decisions = 0
+        self.observer_drops = 0
+        self._observers = bool(plugins.pm.hook.nexuskv_observe_decision.get_hookimpls())
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=max_queued)
+        self._thread = threading.Thread(target=self._observe, name="nexuskv-observers", daemon=True)
+        self._thread.start()
+
+    @property
+    def decisions(self) -> int:
+        """How many plans were logged (fallbacks included)."""
+        return self._decisions
+
+    def record(self, plan: Plan, t0: float, fallback: bool = False) -> None:
+        """Log `plan` (made since `perf_counter()` was `t0`) and queue it for the observers."""
+        with self._lock:
+            self._decisions += 1
+        record = {"decision_id": plan.decision_id, "request_id": plan.request_id, "tenant": plan.tenant,
+                  "action": plan.action.value, "tokens_total": plan.tokens_total,
+                  "tokens_reused": plan.tokens_reused, "policy_revision": plan.policy_revision,
+                  "epoch": plan.epoch, "rules": list(plan.rules), "reasons": list(plan.reasons),
+                  "predicted": to_dict(plan.predicted), "plan_ms": round((time.perf_counter() - t0) * 1e3, 4),
+                  "fallback": fallback}  # fmt: skip
+        log.info("decision", **record)
+        if self._observers:
+            try:
+                self._queue.put_nowait(record)
+            except queue.Full:
+                with self._lock:  # observers are slower than decisions: drop and count, never wait
+                    self.observer_drops += 1
+
+    def _observe(self) -> None:
+        while True:
+            record = self._queue.get()
+            if record is None:
+                return
+            self.plugins.observe_decision(record)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the observer thread (records still queued are dropped)."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        self._thread.join(timeout)

@@ -1,0 +1,246 @@
+"""The node's storage hierarchy: its tiers and transports, and every way state enters, moves and leaves them.
+
+`Hierarchy` builds the tier stores and transports the config names, orders the tiers by the cost profile
+(fastest first), re-indexes persistent tiers, stores and loads payloads (checksums verified, bad payloads
+quarantined), and keeps the index exact: every eviction a tier reports removes exactly that group at that
+location, and the evicted payload is demoted one tier down where it fits. Prefetch moves go through `move`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from nexuskv.config import KernelConfig
+from nexuskv.contracts import Placement, StateDescriptor
+from nexuskv.control import Membership
+from nexuskv.cost import CostModel
+from nexuskv.errors import ChecksumError, ConfigError
+from nexuskv.health import Health
+from nexuskv.identity import verify_checksum
+from nexuskv.index import Location, Matcher
+from nexuskv.interfaces import PersistentTierStore, StoredState, TierStore, Transport, slot_of
+from nexuskv.logs import get_logger
+from nexuskv.units import parse_bytes
+
+__all__ = ["Hierarchy"]
+
+log = get_logger(__name__)
+
+
+class Hierarchy:
+    """Tier stores and transports of one node, ordered fastest first, with the index kept exact across them."""
+
+    def __init__(self, config: KernelConfig, factories: tuple[dict[str, Any], dict[str, Any]], index: Matcher,
+                 cost: CostModel, health: Health, membership: Membership) -> None:  # fmt: skip
+        """`factories` are the plugin manager's (tier stores, transports) by name."""
+        self.config = config
+        self.node = config.node
+        self.index = index
+        self.cost = cost
+        self.health = health
+        self.membership = membership
+        self.tier_order: tuple[str, ...] = ()  # set below; evictions during re-indexing see no lower tier
+        tier_factories, transport_factories = factories
+        self.tiers: dict[str, TierStore] = self._build_tiers(tier_factories)
+        self.transports: dict[str, Transport] = self._build_transports(transport_factories)
+        known = [t for t in self.tiers if t in cost.profile.tiers]
+        for t in self.tiers:
+            if t not in cost.profile.tiers:
+                log.warning("tier has no cost in the profile; plans will not read from it", tier=t)
+        known.sort(key=lambda t: (-cost.profile.tiers[t].bandwidth_bytes_per_s, t))
+        self.tier_order = tuple(known)
+
+    @property
+    def fastest(self) -> str:
+        """The fastest tier with a cost (any tier when none has one)."""
+        return self.tier_order[0] if self.tier_order else next(iter(self.tiers))
+
+    def placement(self, tier: str) -> Placement:
+        """Where state stored now in `tier` is: this node, at its current epoch."""
+        return Placement(tier, self.node, self.membership.epoch)
+
+    # ------------------------------------------------------------------------------------------ building
+
+    def _build_tiers(self, factories: dict[str, Any]) -> dict[str, TierStore]:
+        tiers: dict[str, TierStore] = {}
+        for name, raw in self.config.tiers.items():
+            opts = dict(raw)
+            kind = opts.pop("store", name)
+            if kind not in factories:
+                raise ConfigError(f"tiers.{name}: no tier store plugin named {kind!r} (have: {sorted(factories)})")
+            for opt in [o for o in opts if o.endswith("_bytes")]:  # sizes may be written "4GiB"
+                try:
+                    opts[opt] = parse_bytes(opts[opt])
+                except ValueError as exc:
+                    raise ConfigError(f"tiers.{name}.{opt}: {exc}") from None
+            try:
+                store = factories[kind](name=name, **opts)
+            except TypeError as exc:
+                raise ConfigError(f"tiers.{name}: {exc}") from None
+            store.set_eviction_callback(self._evicted_from(name))
+            tiers[name] = store
+            if isinstance(store, PersistentTierStore):
+                self._reindex(name, store)
+        return tiers
+
+    def _build_transports(self, factories: dict[str, Any]) -> dict[str, Transport]:
+        missing = [t for t in self.config.transports if t not in factories]
+        if missing:
+            raise ConfigError(f"transports: no transport plugin named {missing} (have: {sorted(factories)})")
+        return {name: factories[name]() for name in self.config.transports}
+
+    def reindex(self, tier: str) -> int:
+        """Index what a persistent tier holds now (a host-wide tier another process writes to); returns the count."""
+        store = self.tiers.get(tier)
+        if not isinstance(store, PersistentTierStore):
+            raise ConfigError(f"tier {tier!r} is not a persistent tier (have: {sorted(self.tiers)})")
+        return self._reindex(tier, store)
+
+    def _reindex(self, name: str, store: PersistentTierStore) -> int:
+        n = 0
+        for slot, desc in store.descriptors():
+            self.index.insert(slot[:-1], Location(name, desc.placement.node, desc.placement.epoch), 1 << slot[-1])
+            n += 1
+        if n:
+            log.info("tier re-indexed", tier=name, payloads=n)
+        return n
+
+    # ------------------------------------------------------------------------------------------ evictions
+
+    def _evicted_from(self, tier: str) -> Callable[..., None]:
+        def on_evict(slot: bytes, descriptor: StateDescriptor, payload: bytes | memoryview | None = None) -> None:
+            loc = Location(tier, descriptor.placement.node, descriptor.placement.epoch)
+            self.index.remove(slot[:-1], loc, 1 << slot[-1])
+            if payload is not None and self.config.demote:
+                self._demote(tier, descriptor, payload)
+
+        return on_evict
+
+    def default_priority(self, descriptor: StateDescriptor) -> float:
+        """Eviction priority when no `place` rule gives one: cost-aware (GreedyDual-Size-Frequency), leaf first.
+
+        The tier's aging floor (the priority of the most valuable state it has evicted, so recent state outlives
+        old state), plus the recompute time the model saves per byte weighted by reuse (so state that is expensive
+        to prefill outlives cheap state), minus a tiny amount per token of depth (so within one prefix the deepest
+        blocks go first and a prefix is never broken in the middle).
+        """
+        if self.config.eviction == "lru":
+            return 0.0  # equal priorities: the tier evicts least recently used first
+        page = self.config.page_size
+        floor = getattr(self.tiers.get(descriptor.placement.tier), "floor", 0.0)
+        value = self.cost.value_per_byte(page, page, descriptor.usage.hits) * 1e6
+        return floor + value - descriptor.span.end * 1e-9
+
+    def _demote(self, tier: str, descriptor: StateDescriptor, payload: bytes | memoryview) -> None:
+        """Move an evicted payload one tier down (in cost order) instead of losing it, where it fits."""
+        order = self.tier_order
+        if tier not in order or order.index(tier) + 1 >= len(order):
+            return
+        lower = order[order.index(tier) + 1]
+        desc = attrs.evolve(descriptor, placement=self.placement(lower))
+        try:
+            self.put(desc, payload, priority=self.default_priority(desc))
+        except Exception as exc:  # a failing lower tier loses the payload, never the request
+            self.health.breaker(lower).failure(f"demotion put failed: {exc!r}")
+
+    # ------------------------------------------------------------------------------------------ store / load
+
+    def put(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float = 0.0) -> bool:
+        """Store a payload in its descriptor's tier and index it; False when the tier refused it.
+
+        The payload must match the descriptor's checksum (a `ChecksumError` otherwise): nothing unverifiable
+        is ever stored.
+        """
+        if not verify_checksum(payload, descriptor.checksum):
+            raise ChecksumError(f"payload does not match checksum of block {descriptor.key}")
+        return self.store(descriptor, payload, priority)
+
+    def store(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float,
+              ttl_s: float | None = None) -> bool:  # fmt: skip
+        """`put` for payloads whose checksum was computed or verified a moment ago (not hashed twice)."""
+        tier = descriptor.placement.tier
+        store = self.tiers.get(tier)
+        if store is None:
+            raise ConfigError(f"no tier named {tier!r} (have: {sorted(self.tiers)})")
+        if descriptor.placement.node != self.node:
+            descriptor = attrs.evolve(descriptor, placement=self.placement(tier))
+        key = bytes.fromhex(descriptor.key)
+        slot = slot_of(key, descriptor.group)
+        if not (store.put(slot, payload, descriptor, priority, ttl_s) if ttl_s is not None else
+                store.put(slot, payload, descriptor, priority)):  # fmt: skip
+            return False
+        self.index.insert(key, Location(tier, self.node, descriptor.placement.epoch), 1 << descriptor.group)
+        return True
+
+    def load(self, key: bytes, group: int = 0, tier: str | None = None, transport: str = "local") -> StoredState | None:
+        """Read a block's payload from `tier` (else the first tier holding it), checksum verified.
+
+        A payload that fails its checksum is quarantined: deleted from the tier, removed from the index, logged,
+        and reported as a miss. Wrong state is never returned.
+        """
+        slot = slot_of(key, group)
+        holding = self.index.get(key)
+        if holding is None:
+            return None
+        tiers = [tier] if tier else [t for t in self.tiers if holding.mask_at(tier=t) & (1 << group)]
+        mover = self.transports[transport]
+        for name in tiers:
+            store = self.tiers.get(name)
+            if store is None:
+                continue
+            got = mover.fetch(store, slot)
+            if got is None:
+                continue
+            if got.descriptor.key != key.hex() or not verify_checksum(got.payload, got.descriptor.checksum):
+                self.quarantine(key, group, name, reason="checksum mismatch")
+                continue
+            return got
+        return None
+
+    def quarantine(self, key: bytes, group: int, tier: str, reason: str) -> None:
+        """Drop a bad payload from its tier and the index, and log why."""
+        store = self.tiers.get(tier)
+        if store is not None:
+            store.delete(slot_of(key, group))
+        h = self.index.get(key)
+        for loc, _ in list(() if h is None else h.locations):
+            if loc.tier == tier:
+                self.index.remove(key, loc, 1 << group)
+        log.warning("payload quarantined", key=key.hex(), group=group, tier=tier, reason=reason)
+
+    def move(self, slot: bytes, source: str, target: str) -> bool:
+        """Copy one slot from `source` to `target` (the index gains the target location); False on a miss."""
+        src, dst = self.tiers.get(source), self.tiers.get(target)
+        if src is None or dst is None or not self.health.allow(source):
+            return False
+        got = src.get(slot)
+        if got is None:
+            return False
+        if not verify_checksum(got.payload, got.descriptor.checksum):
+            self.quarantine(slot[:-1], slot[-1], source, reason="checksum mismatch during prefetch")
+            return False
+        desc = attrs.evolve(got.descriptor, placement=self.placement(target))
+        return self.store(desc, got.payload, 0.0)  # verified just above
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def flush(self, deadline: float | None) -> bool:
+        """Wait (until the monotonic `deadline`, or for ever) for tiers that write behind (disk) to write."""
+        ok = True
+        for store in self.tiers.values():
+            tier_flush = getattr(store, "flush", None)
+            if callable(tier_flush):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ok = bool(tier_flush(left)) and ok
+        return ok
+
+    def close(self) -> None:
+        """Close every tier store and transport."""
+        for store in self.tiers.values():
+            store.close()
+        for t in self.transports.values():
+            t.close()

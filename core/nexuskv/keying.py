@@ -1,0 +1,99 @@
+"""Block keys for the kernel: a request's keys, a session's growing chain, and keys under another namespace.
+
+`Keys` owns the session cache (one `KeyChain` per session, least recently used evicted first) and its lock:
+schedulers call `keys_for` from many threads, and a chain must never be extended by two of them at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+
+from nexuskv.contracts import Namespace, Request
+from nexuskv.errors import ConfigError
+from nexuskv.identity import BlockKeyer, KeyChain
+from nexuskv.kinds import group_masks
+
+__all__ = ["Keys"]
+
+
+class Keys:
+    """The kernel's block keys: plain, per session (cached chains), and under a shared namespace."""
+
+    def __init__(self, keyer: BlockKeyer, session_cache: int = 1024) -> None:
+        self.keyer = keyer
+        self.session_cache = session_cache
+        self._sessions: collections.OrderedDict[str, tuple[KeyChain, tuple[int, ...]]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def page_size(self) -> int:
+        """The page size every request's layout must use."""
+        return self.keyer.page_size
+
+    def keys(self, request: Request) -> list[bytes]:
+        """Block keys of every full block of the request (its layout's page size must be the kernel's)."""
+        if request.layout.page_size != self.keyer.page_size:
+            raise ConfigError(f"request {request.request_id}: layout page_size {request.layout.page_size} "
+                              f"is not the kernel's page_size {self.keyer.page_size}")  # fmt: skip
+        return self.keyer.request_keys(request)
+
+    def session(self, request: Request) -> KeyChain:
+        """A key chain for a session that will grow by appending tokens (multi-turn chat, agent loops)."""
+        chain = self.keyer.chain(self.keyer.request_root(request))
+        chain.extend(request.token_ids)
+        return chain
+
+    def keys_for(self, request: Request, session: str | None = None) -> list[bytes]:
+        """Block keys of a request; with `session`, continue that session's cached chain (multi-turn chat).
+
+        The cached chain is reused only when the request's tokens start with every token it has seen, under
+        the same identity; otherwise the keys are computed afresh and replace it.
+        """
+        if session is None:
+            return self.keys(request)
+        toks = request.token_ids
+        root = self.keyer.request_root(request)
+        with self._lock:
+            got = self._sessions.get(session)
+            if got is not None:
+                chain, seen = got
+                if chain.root == root and len(seen) <= len(toks) and toks[: len(seen)] == seen:
+                    chain.extend(toks[len(seen):])
+                    self._sessions[session] = (chain, toks)
+                    self._sessions.move_to_end(session)
+                    return list(chain.keys)  # a copy: the chain keeps growing
+            chain = self.keyer.chain(root)
+            chain.extend(toks)
+            self._sessions[session] = (chain, toks)
+            while len(self._sessions) > self.session_cache:
+                self._sessions.popitem(last=False)
+            return list(chain.keys)
+
+    def under(self, namespace: Namespace, request: Request) -> list[bytes]:
+        """The request's keys as if it were made in `namespace` (state another tenant shares)."""
+        root = self.keyer.root(namespace, request.model, request.tokenizer, request.layout)
+        return self.keyer.keys(root, request.token_ids, request.extra_inputs)
+
+    def held_prefix(self, namespace: Namespace, request: Request, held: Callable[[bytes], object],
+                    chunk: int = 8) -> list[bytes]:  # fmt: skip
+        """Keys under `namespace` in doubling chunks, stopping after the first chunk with a block nobody holds.
+
+        Looking for shared state costs one small chunk of hashing when there is none (`held(key)` is None for a
+        block nobody holds). Checkpointed layouts can restore past a gap, so they get every key.
+        """
+        root = self.keyer.root(namespace, request.model, request.tokenizer, request.layout)
+        if request.extra_inputs or group_masks(request.layout.groups)[1]:
+            return self.keyer.keys(root, request.token_ids, request.extra_inputs)
+        page = request.layout.page_size
+        toks: Sequence[int] = request.token_ids
+        keys: list[bytes] = []
+        while len(keys) * page + page <= len(toks):
+            start = len(keys) * page
+            new = self.keyer.extend(keys[-1] if keys else root, toks[start : start + chunk * page], offset=start)
+            keys.extend(new)
+            if not new or any(held(k) is None for k in new):
+                break
+            chunk *= 2
+        return keys

@@ -1,0 +1,157 @@
+"""The load path: planned state is read back, verified, and the engine told where to recompute from.
+
+`materialize` loads a plan's spans through their transports on a worker pool, each span bounded by a timeout,
+every payload checksum-verified; it stops at the first missing, corrupt (quarantined) or slow block and never
+returns wrong state. Connectors that load by themselves report with `report_load_result`, which feeds the
+breakers and quarantines what they found corrupt. State read from a slower tier is queued for promotion.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Sequence
+
+from attrs import define
+
+from nexuskv.config import KernelConfig
+from nexuskv.contracts import Plan, PlanAction, Request
+from nexuskv.health import Health
+from nexuskv.hierarchy import Hierarchy
+from nexuskv.interfaces import StoredState
+from nexuskv.keying import Keys
+from nexuskv.kinds import group_masks
+from nexuskv.logs import get_logger
+from nexuskv.writepath import WritePath
+
+__all__ = ["LoadPath", "LoadReport", "Materialized"]
+
+log = get_logger(__name__)
+
+_States = dict[tuple[int, int], StoredState]
+
+
+@define(frozen=True)
+class Materialized:
+    """State loaded for a plan: payloads of blocks [0, blocks) by (block, group); recompute from `tokens` on."""
+
+    plan: Plan
+    blocks: int
+    tokens: int
+    states: dict[tuple[int, int], StoredState]
+    reason: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """True when everything the plan asked for was loaded and verified."""
+        return self.tokens == self.plan.tokens_reused
+
+
+@define(frozen=True)
+class LoadReport:
+    """What a connector reports after restoring a plan: success, or where and why it failed."""
+
+    ok: bool
+    failed_block: int | None = None
+    tier: str = ""
+    reason: str = ""
+    corrupt: bool = False
+    timeout: bool = False
+
+
+class LoadPath:
+    """Materialize plans and take connectors' load reports; owns the loader pool."""
+
+    def __init__(self, config: KernelConfig, keys: Keys, hierarchy: Hierarchy, health: Health,
+                 writes: WritePath) -> None:  # fmt: skip
+        self.config = config
+        self.keys = keys
+        self.hierarchy = hierarchy
+        self.health = health
+        self.writes = writes
+        self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="nexuskv-load")
+
+    def materialize(self, plan: Plan, request: Request, *, keys: Sequence[bytes] | None = None,
+                    timeout_ms: float | None = None) -> Materialized:  # fmt: skip
+        """Load the plan's spans (checksums verified, each tier read bounded by a timeout).
+
+        Stops at the first block that is missing, corrupt (quarantined), or slow (its tier's breaker opens):
+        the caller restores blocks [0, blocks) and recomputes from `tokens` on. Never returns wrong state.
+        """
+        if plan.action != PlanAction.MATERIALIZE or not plan.spans:
+            return Materialized(plan, 0, 0, {}, "nothing to load")
+        if plan.namespace is not None:  # state another tenant shares: its keys, whatever the caller passed
+            keys = self.keys.under(plan.namespace, request)
+        keys = self.keys.keys(request) if keys is None else keys
+        page = request.layout.page_size
+        paged, ckpt = group_masks(request.layout.groups)
+        limit = timeout_ms if timeout_ms is not None else self.config.load_timeout_ms
+        order = self.hierarchy.tier_order
+        states: _States = {}
+        last = plan.tokens_reused // page
+        for span in plan.spans:
+            jobs = []
+            for b in range(span.start // page, span.end // page):
+                need = paged | (ckpt if b == last - 1 else 0)
+                jobs.extend((b, g) for g in range(len(request.layout.groups)) if need & (1 << g))
+            future = self._loader.submit(self._load_many, keys, jobs, span.tier, span.transport)
+            try:
+                got, bad = future.result(timeout=limit / 1e3)
+            except concurrent.futures.TimeoutError:
+                self.health.breaker(span.tier).failure(f"load timed out after {limit:g} ms", severe=True)
+                self.health.breaker(f"transport:{span.transport}").failure(f"load from {span.tier} timed out")
+                first_bad = span.start // page
+                return self._partial(plan, states, first_bad, page, f"tier {span.tier} timed out")
+            except Exception as exc:
+                self.health.breaker(span.tier).failure(repr(exc))
+                return self._partial(plan, states, span.start // page, page, f"tier {span.tier} failed: {exc!r}")
+            states.update(got)
+            if self.config.promote_on_hit and order and span.tier != order[0]:
+                self.writes.promote(request, got, span.tier)
+            if bad is not None:
+                b, why = bad
+                return self._partial(plan, states, b, page, why)
+            self.health.breaker(span.tier).success()
+            self.health.breaker(f"transport:{span.transport}").success()
+        return Materialized(plan, last, last * page, states)
+
+    def _load_many(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], tier: str,
+                   transport: str) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
+        got: _States = {}
+        for b, g in jobs:
+            st = self.hierarchy.load(keys[b], g, tier=tier, transport=transport)
+            if st is None:
+                return got, (b, f"block {b} group {g} missing or corrupt in {tier}")
+            got[(b, g)] = st
+        return got, None
+
+    def _partial(self, plan: Plan, states: _States, first_bad: int, page: int, reason: str) -> Materialized:
+        keep = {k: v for k, v in states.items() if k[0] < first_bad}
+        log.warning("materialize stopped early; recompute from the last good block", request_id=plan.request_id,
+                    tenant=plan.tenant, good_tokens=first_bad * page, reason=reason)  # fmt: skip
+        return Materialized(plan, first_bad, first_bad * page, keep, reason)
+
+    def report_load_result(self, plan: Plan, report: LoadReport, *, keys: Sequence[bytes] | None = None,
+                           group: int = 0) -> int:  # fmt: skip
+        """A connector tells how restoring a plan went; returns the token to recompute from.
+
+        Success closes the breakers of the tiers read; a failure counts against the tier's breaker (a timeout or
+        corrupt data opens it at once) and corrupt data is quarantined so no later plan uses it.
+        """
+        tiers = {s.tier for s in plan.spans}
+        if report.ok:
+            for t in tiers:
+                self.health.breaker(t).success()
+            return plan.tokens_reused
+        tier = report.tier or (next(iter(tiers)) if len(tiers) == 1 else "")
+        if tier:
+            self.health.breaker(tier).failure(report.reason or "load failed", severe=report.corrupt or report.timeout)
+        block = report.failed_block if report.failed_block is not None else 0
+        if report.corrupt and keys is not None and block < len(keys) and tier:
+            self.hierarchy.quarantine(keys[block], group, tier, reason=report.reason or "reported corrupt by connector")
+        log.warning("load failed; recompute from the last good block", request_id=plan.request_id,
+                    tenant=plan.tenant, tier=tier, block=block, reason=report.reason)  # fmt: skip
+        return min(plan.tokens_reused, block * self.keys.page_size)
+
+    def close(self) -> None:
+        """Stop the loader pool (queued loads are cancelled)."""
+        self._loader.shutdown(wait=False, cancel_futures=True)

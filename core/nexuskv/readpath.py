@@ -1,0 +1,179 @@
+"""The read path: `plan` end to end, inside the deadline, and fail-open whatever goes wrong.
+
+One request's plan goes: control plane and transport health -> keys (plain, session or given) -> match (the
+builtin index inline, a plugin matcher under a watchdog) -> the tenant's policy -> decide (planner) -> shared
+scopes other tenants grant -> prefetch proposals -> the decision log. Any exception, a passed deadline or an
+unhealthy control plane gives `recompute` with the reason (`fail-open: ...`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nexuskv.config import KernelConfig
+from nexuskv.contracts import Namespace, Plan, PlanAction, Request
+from nexuskv.control import Membership
+from nexuskv.cost import CostModel
+from nexuskv.decisions import DecisionLog
+from nexuskv.health import Health
+from nexuskv.index import DictIndex, Match, Matcher
+from nexuskv.interfaces import slot_of
+from nexuskv.keying import Keys
+from nexuskv.logs import get_logger
+from nexuskv.planner import Decision, Planner, decide, to_plan
+from nexuskv.policy.loader import Policies
+from nexuskv.policy.model import Candidate
+from nexuskv.prefetch import Prefetcher
+
+__all__ = ["ReadPath"]
+
+log = get_logger("nexuskv.kernel")  # planning failures keep the logger name operators filter on
+
+
+def _gain(plan: Plan) -> float:
+    return plan.predicted.gain_ms if plan.action == PlanAction.MATERIALIZE else 0.0
+
+
+class ReadPath:
+    """Plans requests; owns the matcher watchdog, link conditions and prefetch de-duplication."""
+
+    def __init__(self, config: KernelConfig, keys: Keys, index: Matcher, planner: Planner, policies: Policies | None,
+                 membership: Membership, health: Health, cost: CostModel, prefetcher: Prefetcher,
+                 decisions: DecisionLog) -> None:  # fmt: skip
+        self.config = config
+        self.keys = keys
+        self.index = index
+        self.planner = planner
+        self.policies = policies
+        self.membership = membership
+        self.health = health
+        self.cost = cost
+        self.prefetcher = prefetcher
+        self.decisions = decisions
+        self.bandwidth_scale: dict[str, float] = dict(config.bandwidth_scale)  # congestion a caller reports
+        self.link_load: dict[str, float] = {}  # bytes in flight per tier a caller reports (replay, schedulers)
+        tiers = planner.tier_order
+        self.prefetch_target = tiers[0] if len(tiers) > 1 else ""
+        self._inline_matcher = type(index) is DictIndex  # the builtin is pure, bounded Python
+        self._watchdog = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="nexuskv-watchdog")
+        self._recent_prefetch: dict[tuple[bytes, int, str], float] = {}
+        self._prefetch_lock = threading.Lock()
+
+    def match(self, request: Request, keys: Sequence[bytes] | None = None) -> Match:
+        """What of the request is held, where: per-block holdings and restore points by kind, tier and node."""
+        return self.index.match(self.keys.keys(request) if keys is None else keys, request.layout)
+
+    def plan(self, request: Request, *, keys: Sequence[bytes] | None = None, session: str | None = None,
+             deadline_ms: float | None = None) -> Plan:  # fmt: skip
+        """Decide what of `request` to restore, from where, and what to prefetch; never later than the deadline.
+
+        Any failure on the way (a plugin raising, the deadline passing, the control plane down) gives a
+        `recompute` plan whose reasons say why.
+        """
+        t0 = time.perf_counter()
+        budget = (deadline_ms if deadline_ms is not None else
+                  (request.slo.deadline_ms if request.slo.deadline_ms is not None else self.config.deadline_ms))
+        decision_id = os.urandom(8).hex()
+        stage = "start"
+        try:
+            if not self.membership.ok():
+                return self._fallback(request, decision_id, t0,
+                                      f"control plane unavailable ({self.membership.problem})")
+            mover = f"transport:{self.planner.transport}"
+            if not self.health.allow(mover):
+                return self._fallback(request, decision_id, t0, f"{mover} circuit open "
+                                      f"({self.health.breaker(mover).last_error})")  # fmt: skip
+            stage = "keys"
+            if keys is None:
+                keys = self.keys.keys_for(request, session)
+            if time.perf_counter() - t0 > budget / 1e3:
+                return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed after {stage}")
+            stage = "match"
+            if self._inline_matcher:
+                match = self.index.match(keys, request.layout)
+            else:  # a plugin matcher runs under a watchdog: a hung plugin costs the deadline, never more
+                left = budget / 1e3 - (time.perf_counter() - t0)
+                future = self._watchdog.submit(self.index.match, keys, request.layout)
+                try:
+                    match = future.result(timeout=max(left, 0.0))
+                except concurrent.futures.TimeoutError:
+                    return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed in the matcher")
+            stage = "policy"
+            policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
+            stage = "plan"
+            decide_args = dict(node=request.node or self.config.node, decision_id=decision_id,
+                               epoch=self.membership.epoch, inflight=self._inflight(),
+                               bandwidth_scale=self.bandwidth_scale, prefetch_target=self.prefetch_target)
+            decision = decide(self.planner, request, match, policy, **decide_args)  # type: ignore[arg-type]
+            stage = "shared state"
+            for owner, scope in self.policies.readable_by(request.tenant) if self.policies is not None else ():
+                if time.perf_counter() - t0 > budget / 1e3:
+                    break  # the own plan stands: shared candidates are an optimisation on top
+                got = self._shared_decision(request, owner, scope, policy, decide_args)
+                if got is not None and _gain(got[0].plan) > _gain(decision.plan):
+                    decision, keys = got
+        except Exception as exc:
+            log.exception("planning failed", stage=stage, request_id=request.request_id)
+            return self._fallback(request, decision_id, t0, f"{stage} failed: {type(exc).__name__}: {exc}")
+        if decision.plan.prefetch:
+            self._schedule_prefetch(request, keys, decision.plan)
+        self.decisions.record(decision.plan, t0)
+        return decision.plan
+
+    def _shared_decision(self, request: Request, owner: str, scope: str, policy: Any,
+                         decide_args: Mapping[str, Any]) -> tuple[Decision, list[bytes]] | None:  # fmt: skip
+        """A decision over another tenant's shared scope, if its `share` rule grants this request anything."""
+        ns = Namespace(tenant=owner, scope=scope, cache_salt=request.cache_salt)
+        keys = self.keys.held_prefix(ns, request, self.index.get)
+        match = self.index.match(keys, request.layout)
+        blocks = match.longest()
+        if not blocks or self.policies is None:
+            return None
+        view = Candidate(tokens=blocks * request.layout.page_size, blocks=blocks, owner=owner, scope=scope,
+                         shared=True, kind=request.layout.kind)  # fmt: skip
+        grant = self.policies.for_tenant(owner).evaluate("share", {"request": request, "match": view})
+        if not grant.allowed:
+            return None
+        return decide(self.planner, request, match, policy, shared_from=ns, **decide_args), keys
+
+    def _inflight(self) -> dict[str, float]:
+        out: dict[str, float] = dict(self.link_load)
+        for tier, n in self.prefetcher.inflight_bytes().items():
+            out[tier] = out.get(tier, 0.0) + n
+        return out
+
+    def _fallback(self, request: Request, decision_id: str, t0: float, reason: str) -> Plan:
+        plan = to_plan(request, None, action=PlanAction.RECOMPUTE, decision_id=decision_id,
+                       page=request.layout.page_size, transport="", reasons=[f"fail-open: {reason}"],
+                       epoch=self.membership.epoch, cost=self.cost)  # fmt: skip
+        self.decisions.record(plan, t0, fallback=True)
+        return plan
+
+    def _schedule_prefetch(self, request: Request, keys: Sequence[bytes], plan: Plan) -> None:
+        page = request.layout.page_size
+        block_bytes = self.cost.bytes_per_token * page
+        now = time.monotonic()
+        fresh = []
+        with self._prefetch_lock:  # the same prefix planned on two threads is prefetched once
+            if len(self._recent_prefetch) > 10_000:
+                self._recent_prefetch = {k: v for k, v in self._recent_prefetch.items() if v > now}
+            for span in plan.prefetch:
+                first = (keys[span.start // page], span.end, span.target_tier)
+                if self._recent_prefetch.get(first, 0.0) > now:
+                    continue  # asked for moments ago (the same session's next turn, a shared prefix): deduplicated
+                self._recent_prefetch[first] = now + self.config.prefetch_deadline_s
+                fresh.append(span)
+        for span in fresh:
+            slots = [slot_of(keys[b], g) for b in range(span.start // page, span.end // page)
+                     for g in range(len(request.layout.groups))]  # fmt: skip
+            self.prefetcher.submit(request.tenant, slots, span.tier, span.target_tier, block_bytes,
+                                   self.config.prefetch_deadline_s)  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the matcher watchdog."""
+        self._watchdog.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,58 @@
+"""KernelConfig from mappings and TOML files, and the plugin environment a config implies."""
+
+from __future__ import annotations
+
+import pytest
+
+from nexuskv import ConfigError, KernelConfig
+from nexuskv.config import plugin_env
+
+
+def test_every_key_is_optional():
+    cfg = KernelConfig.from_mapping({})
+    assert cfg == KernelConfig()
+    assert cfg.tiers == {"dram": {"store": "dram", "capacity_bytes": "1GiB"}}
+
+
+def test_unknown_keys_and_wrong_types_name_the_origin_and_the_path():
+    with pytest.raises(ConfigError, match=r"kernel.toml.*bogus"):
+        KernelConfig.from_mapping({"bogus": 1}, origin="kernel.toml")
+    with pytest.raises(ConfigError, match=r"kernel.toml.*deadline_ms"):
+        KernelConfig.from_mapping({"deadline_ms": "soon"}, origin="kernel.toml")
+    with pytest.raises(ConfigError, match=r"k.toml: .eviction. must be in \(.cost., .lru.\) \(got .random.\)"):
+        KernelConfig.from_mapping({"eviction": "random"}, origin="k.toml")
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        KernelConfig.from_toml(tmp_path / "nope.toml")
+
+
+def test_a_toml_syntax_error_names_the_file(tmp_path):
+    p = tmp_path / "k.toml"
+    p.write_text("node = \n")
+    with pytest.raises(ConfigError, match=str(p)):
+        KernelConfig.from_toml(p)
+
+
+def test_relative_paths_are_relative_to_the_file(tmp_path):
+    p = tmp_path / "conf" / "k.toml"
+    p.parent.mkdir()
+    p.write_text('policies = "pol"\nprofile = "/abs/profile.json"\nsecret_file = "s/secret"\n'
+                 '[tiers.disk]\nstore = "disk"\npath = "cache"\n[tiers.far]\nstore = "disk"\npath = "/var/far"\n')
+    cfg = KernelConfig.from_toml(p)
+    assert cfg.policies == str(p.parent / "pol")
+    assert cfg.profile == "/abs/profile.json"
+    assert cfg.secret_file == str(p.parent / "s/secret")
+    assert cfg.tiers["disk"]["path"] == str(p.parent / "cache")
+    assert cfg.tiers["far"]["path"] == "/var/far"
+
+
+def test_plugin_env_applies_the_allow_and_block_lists_on_top_of_the_environment():
+    env = {"NEXUSKV_DISABLE_PLUGINS": "a, ,b", "OTHER": "1"}
+    assert plugin_env(KernelConfig(), env) == env
+    cfg = KernelConfig(plugins=("x", "y"), disable_plugins=("embedded",))
+    got = plugin_env(cfg, env)
+    assert got["NEXUSKV_PLUGINS"] == "x,y"
+    assert got["NEXUSKV_DISABLE_PLUGINS"] == "a,b,embedded"
+    assert got["OTHER"] == "1" and env["NEXUSKV_DISABLE_PLUGINS"] == "a, ,b"  # the input is not changed

@@ -1,0 +1,104 @@
+"""Membership: the lease, the epoch as a fencing token, the heartbeat, and failing open when the plane is down."""
+
+from __future__ import annotations
+
+import time
+
+from nexuskv.builtins.embedded import EmbeddedControlPlane
+from nexuskv.control import Membership
+
+
+def wait_for(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+class FlakyPlane(EmbeddedControlPlane):
+    """The embedded plane with an outage switch (fault injection only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise ConnectionError("control plane: connection refused")
+
+    def grant(self, ttl_s):
+        self._check()
+        return super().grant(ttl_s)
+
+    def keepalive(self, lease_id):
+        self._check()
+        return super().keepalive(lease_id)
+
+    def join(self, node, lease_id):
+        self._check()
+        return super().join(node, lease_id)
+
+
+def test_joining_gives_a_lease_and_an_epoch_and_close_revokes_it():
+    plane = EmbeddedControlPlane()
+    m = Membership(plane, "n1", lease_ttl_s=5.0)
+    try:
+        assert m.ok() and m.epoch == 1 and m.lease is not None
+        assert plane.members() == {"n1": 1}
+    finally:
+        m.close()
+    assert not plane.alive(m.lease.lease_id) and plane.members() == {}
+
+
+def test_a_plane_down_at_start_is_not_fatal_and_says_why():
+    plane = FlakyPlane()
+    plane.down = True
+    m = Membership(plane, "n1", lease_ttl_s=0.3)
+    try:
+        assert not m.ok() and m.lease is None and m.epoch == 0
+        assert "connection refused" in m.problem
+        plane.down = False
+        assert wait_for(m.ok)  # the heartbeat joins as soon as the plane answers
+        assert m.epoch == 1 and m.lease is not None
+    finally:
+        m.close()
+
+
+def test_a_lost_lease_rejoins_with_a_higher_fencing_epoch():
+    plane = EmbeddedControlPlane()
+    m = Membership(plane, "n1", lease_ttl_s=0.3)
+    try:
+        first, lease = m.epoch, m.lease
+        plane.revoke(lease.lease_id)  # the lease is gone (expired, or the plane restarted)
+        assert wait_for(lambda: m.lease is not None and m.lease.lease_id != lease.lease_id)
+        assert m.epoch > first and m.ok()
+        assert plane.members() == {"n1": m.epoch}
+    finally:
+        m.close()
+
+
+def test_an_outage_later_turns_ok_off_until_the_plane_answers_again():
+    plane = FlakyPlane()
+    m = Membership(plane, "n1", lease_ttl_s=0.3)
+    try:
+        assert m.ok()
+        plane.down = True
+        assert wait_for(lambda: not m.ok())
+        assert "connection refused" in m.problem
+        plane.down = False
+        assert wait_for(m.ok)
+    finally:
+        m.close()
+
+
+def test_a_lease_not_renewed_in_time_is_not_ok(monkeypatch):
+    plane = EmbeddedControlPlane()
+    m = Membership(plane, "n1", lease_ttl_s=60.0)
+    try:
+        m.stop()  # no heartbeat: the last renewal ages
+        monkeypatch.setattr(m, "_seen", time.monotonic() - 61.0)
+        assert not m.ok() and m.problem == "lease not renewed"
+    finally:
+        m.close()

@@ -1,0 +1,82 @@
+"""DecisionLog: one record per plan, observers off the caller's thread, exact counts under threads, drops counted."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from nexuskv import PlanAction, hookimpl
+from nexuskv.contracts import Plan, Predicted
+from nexuskv.decisions import DecisionLog
+from nexuskv.plugins import PluginManager
+
+
+def plan(i: int) -> Plan:
+    return Plan(decision_id=f"d{i}", request_id=f"r{i}", tenant="acme", action=PlanAction.RECOMPUTE,
+                tokens_total=64, tokens_reused=0, predicted=Predicted(ttft_ms=1.0))  # fmt: skip
+
+
+def observed(gate: threading.Event | None = None) -> tuple[PluginManager, list[dict]]:
+    seen: list[dict] = []
+
+    class Observer:
+        @hookimpl
+        def nexuskv_observe_decision(self, decision):
+            if gate is not None:
+                gate.wait(10)
+            seen.append(decision)
+
+    pm = PluginManager(entry_points=False)
+    pm.register(Observer(), "obs")
+    return pm, seen
+
+
+def test_every_record_reaches_the_observers_in_order():
+    pm, seen = observed()
+    log = DecisionLog(pm)
+    t0 = time.perf_counter()
+    for i in range(20):
+        log.record(plan(i), t0, fallback=i % 2 == 1)
+    end = time.monotonic() + 5
+    while len(seen) < 20 and time.monotonic() < end:
+        time.sleep(0.01)
+    log.close()
+    assert [r["decision_id"] for r in seen] == [f"d{i}" for i in range(20)]
+    assert [r["fallback"] for r in seen[:2]] == [False, True] and seen[0]["plan_ms"] >= 0
+    assert log.decisions == 20 and log.observer_drops == 0
+
+
+def test_counts_are_exact_when_many_threads_record():
+    log = DecisionLog(PluginManager(entry_points=False))
+    t0 = time.perf_counter()
+
+    def worker(n: int) -> None:
+        for i in range(300):
+            log.record(plan(n * 1000 + i), t0)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    assert log.decisions == 8 * 300
+
+
+def test_a_slow_observer_costs_dropped_records_never_a_wait():
+    gate = threading.Event()
+    pm, seen = observed(gate)
+    log = DecisionLog(pm, max_queued=4)
+    t0 = time.perf_counter()
+    for i in range(50):
+        log.record(plan(i), t0)
+    assert seen == []  # the observer is still blocked: recording never waited for it
+    gate.set()
+    end = time.monotonic() + 5
+    while len(seen) < 50 - log.observer_drops and time.monotonic() < end:
+        time.sleep(0.01)
+    log.close()
+    # One record is with the (blocked) observer, four wait in the queue; every other one was dropped, and counted.
+    assert log.decisions == 50
+    assert 50 - 5 <= log.observer_drops <= 50 - 4
+    assert len(seen) == 50 - log.observer_drops  # what was not dropped was delivered

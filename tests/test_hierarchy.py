@@ -1,0 +1,121 @@
+"""Hierarchy: building tiers, their order, store / load / quarantine, evictions, demotion and prefetch moves."""
+
+from __future__ import annotations
+
+import pytest
+
+from nexuskv import BlockKeyer, ConfigError, DictIndex, KernelConfig, Location, slot_of
+from nexuskv.builtins.embedded import EmbeddedControlPlane
+from nexuskv.contracts import Placement, StateDescriptor, TokenSpan, Usage
+from nexuskv.control import Membership
+from nexuskv.cost import CostModel
+from nexuskv.health import Health
+from nexuskv.hierarchy import Hierarchy
+from nexuskv.identity import checksum
+from nexuskv.plugins import PluginManager
+from tests.conftest import SECRET, make_request
+
+
+@pytest.fixture
+def build():
+    made: list[tuple[Hierarchy, Membership]] = []
+
+    def make(tiers, **cfg) -> Hierarchy:
+        config = KernelConfig(node="n1", tiers=tiers, **cfg)
+        membership = Membership(EmbeddedControlPlane(), "n1", 10.0)
+        pm = PluginManager({}, entry_points=False)
+        h = Hierarchy(config, (pm.tier_stores(), pm.transports()), DictIndex(), CostModel(), Health(), membership)
+        made.append((h, membership))
+        return h
+
+    yield make
+    for h, m in made:
+        h.close()
+        m.close()
+
+
+def descriptor(h: Hierarchy, key: bytes, payload: bytes, tier: str, block: int = 0) -> StateDescriptor:
+    req = make_request(range(16))
+    return StateDescriptor(key=key.hex(), parent_key=None, namespace=req.namespace, model=req.model,
+                           tokenizer=req.tokenizer, layout=req.layout, group=0, span=TokenSpan(0, 16 * (block + 1)),
+                           nbytes=len(payload), checksum=checksum(payload), placement=h.placement(tier),
+                           usage=Usage())  # fmt: skip
+
+
+def keys(n: int) -> list[bytes]:
+    return BlockKeyer(SECRET, 16).request_keys(make_request(range(16 * n)))
+
+
+def test_tiers_are_ordered_fastest_first_and_tiers_without_a_cost_are_left_out(build):
+    h = build({"slow": {"store": "dram"}, "disk": {"store": "dram"}, "dram": {"store": "dram"},
+               "redis": {"store": "dram"}})  # fmt: skip
+    assert h.tier_order == ("dram", "disk", "redis")  # by the profile's bandwidth; "slow" has no cost
+    assert set(h.tiers) == {"slow", "disk", "dram", "redis"} and h.fastest == "dram"
+    assert set(h.transports) == {"local"}
+
+
+@pytest.mark.parametrize(("tiers", "fragment"), [
+    ({"hot": {"store": "nvme"}}, "no tier store plugin named 'nvme'"),
+    ({"hot": {"store": "dram", "capacity_bytes": "lots"}}, "tiers.hot.capacity_bytes"),
+    ({"hot": {"store": "dram", "speed": 3}}, "tiers.hot"),
+])  # fmt: skip
+def test_a_bad_tier_is_a_precise_error(build, tiers, fragment):
+    with pytest.raises(ConfigError) as info:
+        build(tiers)
+    assert fragment in str(info.value)
+
+
+def test_store_indexes_at_this_nodes_epoch_and_load_verifies(build):
+    h = build({"dram": {"store": "dram"}})
+    k = keys(1)[0]
+    assert h.put(descriptor(h, k, b"abc", "dram"), b"abc")
+    assert h.index.get(k).locations == ((Location("dram", "n1", h.membership.epoch), 1),)
+    got = h.load(k)
+    assert got is not None and bytes(got.payload) == b"abc"
+    h.tiers["dram"].put(slot_of(k), b"abd", got.descriptor)  # bit rot behind the kernel's back
+    assert h.load(k) is None  # quarantined: gone from the tier and the index
+    assert slot_of(k) not in h.tiers["dram"] and h.index.get(k) is None
+
+
+def test_an_eviction_removes_exactly_that_location_and_demotes_one_tier_down(build):
+    h = build({"dram": {"store": "dram", "capacity_bytes": 300}, "disk": {"store": "dram"}})
+    ks = keys(4)
+    for b in reversed(range(4)):  # deepest first: the prefix that arrives last outranks the leaf (cost-aware)
+        d = descriptor(h, ks[b], bytes([b]) * 100, "dram", block=b)
+        assert h.store(d, bytes([b]) * 100, h.default_priority(d))
+    in_dram = [k for k in ks if slot_of(k) in h.tiers["dram"]]
+    in_disk = [k for k in ks if slot_of(k) in h.tiers["disk"]]
+    assert in_dram == ks[:3] and in_disk == ks[3:]  # the leaf went, the prefix stayed
+    for k in in_dram:
+        assert h.index.get(k).tiers() == {"dram"}
+    assert h.index.get(in_disk[0]).tiers() == {"disk"}  # the evicted block lives on, one tier down
+    assert bytes(h.load(in_disk[0]).payload) == bytes([ks.index(in_disk[0])]) * 100
+
+
+def test_without_demotion_an_evicted_block_is_gone(build):
+    h = build({"dram": {"store": "dram", "capacity_bytes": 100}, "disk": {"store": "dram"}}, demote=False)
+    a, b = keys(2)
+    assert h.put(descriptor(h, a, b"a" * 100, "dram"), b"a" * 100)
+    assert h.put(descriptor(h, b, b"b" * 100, "dram"), b"b" * 100)
+    assert h.index.get(a) is None and len(h.tiers["disk"]) == 0
+
+
+def test_move_copies_a_slot_and_quarantines_a_corrupt_source(build):
+    h = build({"dram": {"store": "dram"}, "disk": {"store": "dram"}})
+    a, b = keys(2)
+    for k in (a, b):
+        assert h.put(descriptor(h, k, b"x" * 10, "disk"), b"x" * 10)
+    assert h.move(slot_of(a), "disk", "dram")
+    assert h.index.get(a).tiers() == {"dram", "disk"}
+    assert h.tiers["dram"].get(slot_of(a)).descriptor.placement == Placement("dram", "n1", h.membership.epoch)
+    bad = h.tiers["disk"].get(slot_of(b))
+    h.tiers["disk"].put(slot_of(b), b"y" * 10, bad.descriptor)
+    assert not h.move(slot_of(b), "disk", "dram")
+    assert h.index.get(b) is None and slot_of(b) not in h.tiers["dram"]
+    assert not h.move(slot_of(b), "disk", "dram") and not h.move(slot_of(a), "disk", "nowhere")
+
+
+def test_reindex_refuses_a_tier_that_is_not_persistent(build):
+    h = build({"dram": {"store": "dram"}})
+    with pytest.raises(ConfigError, match="not a persistent tier"):
+        h.reindex("dram")

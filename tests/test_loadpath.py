@@ -1,0 +1,75 @@
+"""LoadPath: materialize from many threads returns exactly what was stored, and stops at the first gap."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from nexuskv import Kernel, KernelConfig, LoadReport, PlanAction, slot_of
+from tests.conftest import SECRET, make_request
+
+
+def stored_kernel():
+    cfg = KernelConfig(node="n1", deadline_ms=60_000.0, tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"}})
+    return Kernel(cfg, secret=SECRET)
+
+
+def test_materialize_from_many_threads_returns_exactly_what_was_stored():
+    with stored_kernel() as k:
+        rng = random.Random(11)
+        reqs, expected = [], {}
+        for i in range(6):
+            req = make_request([rng.randrange(40_000) for _ in range(16 * 16)], tenant=f"t{i % 3}")
+            keys = k.keys(req)
+            payloads = [rng.randbytes(1024) for _ in keys]
+            k.commit(req, payloads, keys=keys)
+            reqs.append(req)
+            expected[i] = payloads
+        assert k.flush(10)
+        wrong: list[str] = []
+
+        def worker(seed: int) -> None:
+            r = random.Random(seed)
+            for _ in range(40):
+                i = r.randrange(len(reqs))
+                follow = make_request([*reqs[i].token_ids, 1, 2, 3], tenant=reqs[i].tenant)
+                plan = k.plan(follow)
+                got = k.materialize(plan, follow)
+                if plan.action != PlanAction.MATERIALIZE or not got.complete:
+                    wrong.append(f"{i}: {plan.action} {got.reason}")
+                    continue
+                for (b, _g), st in got.states.items():
+                    if bytes(st.payload) != expected[i][b]:
+                        wrong.append(f"{i}: block {b} differs")
+
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert wrong == []
+
+
+def test_a_block_gone_behind_the_kernels_back_stops_the_load_there():
+    with stored_kernel() as k:
+        req = make_request(range(16 * 8))
+        keys = k.keys(req)
+        k.commit(req, [bytes([b]) * 64 for b in range(8)], keys=keys)
+        assert k.flush(5)
+        plan = k.plan(req)
+        assert plan.tokens_reused == 128
+        k.tiers["dram"].delete(slot_of(keys[5]))  # gone without an eviction callback
+        got = k.materialize(plan, req)
+        assert not got.complete and (got.blocks, got.tokens) == (5, 80)
+        assert sorted(got.states) == [(b, 0) for b in range(5)] and "block 5" in got.reason
+
+
+def test_a_reported_timeout_opens_the_tiers_breaker_and_says_where_to_recompute_from():
+    with stored_kernel() as k:
+        req = make_request(range(16 * 4))
+        k.commit(req, [b"x" * 64] * 4)
+        assert k.flush(5)
+        plan = k.plan(req)
+        start = k.report_load_result(plan, LoadReport(ok=False, failed_block=2, tier="dram", timeout=True))
+        assert start == 32 and k.health.breaker("dram").state == "open"
+        assert k.report_load_result(plan, LoadReport(ok=True)) == 64 and k.health.breaker("dram").state == "closed"

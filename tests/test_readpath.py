@@ -1,0 +1,75 @@
+"""ReadPath: plans made from many threads at once are the plans one thread makes, shared scopes included."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from pathlib import Path
+
+from nexuskv import Kernel, KernelConfig, ModelIdentity, PlanAction
+from tests.conftest import SECRET, make_request
+
+POLICIES = str(Path(__file__).resolve().parents[1] / "policies")
+MODEL = ModelIdentity(name="tiny-llama", revision="1")  # the rag tenant shares its docs for this model
+
+
+def summary(plan):
+    ns = (plan.namespace.tenant, plan.namespace.scope) if plan.namespace is not None else None
+    return plan.action, plan.tokens_reused, tuple((s.start, s.end, s.tier) for s in plan.spans), ns
+
+
+def test_plans_from_many_threads_equal_the_plans_of_one_thread():
+    cfg = KernelConfig(node="n1", policies=POLICIES, deadline_ms=60_000.0,  # no fallback: every plan is decided
+                       tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"}})  # one tier: no prefetch
+    rng = random.Random(3)
+    with Kernel(cfg, secret=SECRET) as k:
+        docs = [rng.randrange(30_000) for _ in range(16 * 20)]
+        chat_history = [rng.randrange(30_000) for _ in range(16 * 12)]
+        for req in (make_request(docs, tenant="rag", scope="docs", model=MODEL),
+                    make_request(chat_history, tenant="chat", model=MODEL)):  # fmt: skip
+            keys = k.keys(req)
+            assert k.commit(req, [bytes([b % 256]) * 4096 for b in range(len(keys))], keys=keys).refused == 0
+        assert k.flush(10)
+        requests = []
+        for tenant in ("chat", "globex", "partner-a", "strict", "rag"):
+            for prefix in (docs, chat_history, []):
+                for extra in (0, 16 * 3, 16 * 9 + 5):
+                    toks = prefix + [rng.randrange(30_000) for _ in range(extra)]
+                    if toks:
+                        requests.append(make_request(toks, tenant=tenant, model=MODEL))
+        reference = [summary(k.plan(r)) for r in requests]
+        assert {a for a, *_ in reference} == {PlanAction.MATERIALIZE, PlanAction.RECOMPUTE}
+        assert any(ns == ("rag", "docs") for *_, ns in reference)  # shared scopes are part of the mix
+        wrong: list[str] = []
+
+        def worker(seed: int) -> None:
+            r = random.Random(seed)
+            for _ in range(120):
+                i = r.randrange(len(requests))
+                sess = f"s{i}" if r.random() < 0.5 else None  # session chains and plain keys mixed
+                got = summary(k.plan(requests[i], session=sess))
+                if got != reference[i]:
+                    wrong.append(f"request {i}: {got} != {reference[i]}")
+
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1e-5)
+        try:
+            threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(old)
+        assert wrong == []
+        assert k.decisions == len(requests) + 8 * 120
+
+
+def test_link_conditions_are_owned_by_the_read_path_and_set_through_the_kernel():
+    with Kernel(KernelConfig(node="n1", bandwidth_scale={"disk": 0.5}), secret=SECRET) as k:
+        assert k.bandwidth_scale == {"disk": 0.5} and k.reads.bandwidth_scale is k.bandwidth_scale
+        k.bandwidth_scale = {"disk": 1e-4}
+        k.link_load = {"dram": 1e6}
+        assert k.reads.bandwidth_scale == {"disk": 1e-4} and k.reads.link_load == {"dram": 1e6}
+        assert k.reads._inflight() == {"dram": 1e6}
