@@ -107,3 +107,43 @@ def test_sessions_are_safe_under_many_threads():
         sys.setswitchinterval(old)
     assert calls[0] == 8 * 150
     assert wrong == []
+
+
+# ------------------------------------------------------------------------------------------ extra inputs
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nexuskv import ExtraInput  # noqa: E402
+
+
+def test_a_session_turn_with_an_image_never_gets_the_text_only_keys(keys):
+    text = make_request(range(64), request_id="t1")
+    image = make_request(range(64), request_id="t2", extra_inputs=[ExtraInput(position=20, digest="sha256:img")])
+    assert keys.keys_for(text, "s") == keys.keys(text)
+    got = keys.keys_for(image, "s")
+    assert got == keys.keys(image)
+    assert got[0] == keys.keys(text)[0] and got[1] != keys.keys(text)[1]  # the image is in block 1
+
+
+turns = st.lists(
+    st.tuples(st.integers(0, 40),  # tokens added this turn
+              st.lists(st.tuples(st.integers(0, 120), st.sampled_from(["a", "b"])), max_size=3),  # extras
+              st.booleans()),  # keep the earlier extras (a continuation) or not (a different history)
+    min_size=1, max_size=6,
+)  # fmt: skip
+
+
+@given(turns)
+def test_every_session_turn_gets_exactly_the_keys_of_its_request(plan):
+    keys = Keys(BlockKeyer(SECRET, 4), session_cache=2)
+    toks: list[int] = []
+    extras: list[ExtraInput] = []
+    for i, (n, new_extras, keep) in enumerate(plan):
+        toks = toks + list(range(len(toks), len(toks) + n))
+        if not keep:
+            extras = []
+        extras = extras + [ExtraInput(position=p, digest=d) for p, d in new_extras if p < max(len(toks), 1)]
+        req = make_request(toks, layout=layout_of("dense", page_size=4), request_id=f"t{i}", extra_inputs=extras)
+        assert keys.keys_for(req, "s") == keys.keys(req)
+        assert keys.session(req).keys == keys.keys(req)

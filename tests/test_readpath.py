@@ -73,3 +73,20 @@ def test_link_conditions_are_owned_by_the_read_path_and_set_through_the_kernel()
         k.link_load = {"dram": 1e6}
         assert k.reads.bandwidth_scale == {"disk": 1e-4} and k.reads.link_load == {"dram": 1e6}
         assert k.reads._inflight() == {"dram": 1e6}
+
+
+def test_a_session_plan_for_an_image_turn_never_restores_the_text_only_state():
+    from nexuskv import ExtraInput
+
+    cfg = KernelConfig(node="n1", deadline_ms=60_000.0, tiers={"dram": {"store": "dram", "capacity_bytes": "8MiB"}})
+    with Kernel(cfg, secret=SECRET) as k:
+        text = make_request(range(16 * 8), request_id="t1")
+        k.plan(text, session="chat-1")
+        k.commit(text, [bytes([b]) * 512 for b in range(8)])
+        assert k.flush(5)
+        image = make_request(range(16 * 8), request_id="t2",
+                             extra_inputs=[ExtraInput(position=40, digest="sha256:cat")])  # block 2  # fmt: skip
+        plan = k.plan(image, session="chat-1")
+        assert plan.tokens_reused == 32  # blocks 0 and 1: the same tokens and no image yet
+        got = k.materialize(plan, image)
+        assert got.complete and sorted(got.states) == [(0, 0), (1, 0)]

@@ -225,15 +225,19 @@ class KeyChain:
         self._pending: list[int] = []
         self.tokens = 0
 
-    def extend(self, token_ids: Sequence[int]) -> list[bytes]:
-        """Append tokens; return the keys of the blocks they completed."""
+    def extend(self, token_ids: Sequence[int], extra_inputs: Iterable[ExtraInput] = ()) -> list[bytes]:
+        """Append tokens; return the keys of the blocks they completed.
+
+        `extra_inputs` are placed by absolute position (as in `BlockKeyer.keys`); those inside blocks this chain
+        has already keyed are ignored, so pass the request's extras every time.
+        """
         self._pending.extend(token_ids)
         page = self._keyer.page_size
         full = len(self._pending) - len(self._pending) % page
         if not full:
             return []
         parent = self.keys[-1] if self.keys else self.root
-        new = self._keyer.extend(parent, self._pending[:full])
+        new = self._keyer.extend(parent, self._pending[:full], extra_inputs, offset=self.tokens)
         self.keys.extend(new)
         del self._pending[:full]
         self.tokens += full

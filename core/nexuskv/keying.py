@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from nexuskv.contracts import Namespace, Request
+from nexuskv.contracts import ExtraInput, Namespace, Request
 from nexuskv.errors import ConfigError
 from nexuskv.identity import BlockKeyer, KeyChain
 from nexuskv.kinds import group_masks
 
 __all__ = ["Keys"]
+
+
+def _keyed(extras: Iterable[ExtraInput], tokens: int) -> list[tuple[int, str]]:
+    """The extra inputs that fall in the first `tokens` tokens (the blocks a chain has keyed), in key order."""
+    return sorted((x.position, x.digest) for x in extras if x.position < tokens)
 
 
 class Keys:
@@ -24,7 +29,8 @@ class Keys:
     def __init__(self, keyer: BlockKeyer, session_cache: int = 1024) -> None:
         self.keyer = keyer
         self.session_cache = session_cache
-        self._sessions: collections.OrderedDict[str, tuple[KeyChain, tuple[int, ...]]] = collections.OrderedDict()
+        self._sessions: collections.OrderedDict[str, tuple[KeyChain, Sequence[int], Sequence[ExtraInput]]] = (
+            collections.OrderedDict())
         self._lock = threading.Lock()
 
     @property
@@ -42,31 +48,34 @@ class Keys:
     def session(self, request: Request) -> KeyChain:
         """A key chain for a session that will grow by appending tokens (multi-turn chat, agent loops)."""
         chain = self.keyer.chain(self.keyer.request_root(request))
-        chain.extend(request.token_ids)
+        chain.extend(request.token_ids, request.extra_inputs)
         return chain
 
     def keys_for(self, request: Request, session: str | None = None) -> list[bytes]:
         """Block keys of a request; with `session`, continue that session's cached chain (multi-turn chat).
 
         The cached chain is reused only when the request's tokens start with every token it has seen, under
-        the same identity; otherwise the keys are computed afresh and replace it.
+        the same identity, with the same extra inputs in the blocks it has keyed; otherwise the keys are
+        computed afresh and replace it. Either way the keys are exactly `keys(request)`.
         """
         if session is None:
             return self.keys(request)
         toks = request.token_ids
+        extras = request.extra_inputs
         root = self.keyer.request_root(request)
         with self._lock:
             got = self._sessions.get(session)
             if got is not None:
-                chain, seen = got
-                if chain.root == root and len(seen) <= len(toks) and toks[: len(seen)] == seen:
-                    chain.extend(toks[len(seen):])
-                    self._sessions[session] = (chain, toks)
+                chain, seen, seen_extras = got
+                if (chain.root == root and len(seen) <= len(toks) and toks[: len(seen)] == seen
+                        and _keyed(seen_extras, chain.tokens) == _keyed(extras, chain.tokens)):  # fmt: skip
+                    chain.extend(toks[len(seen):], extras)
+                    self._sessions[session] = (chain, toks, extras)
                     self._sessions.move_to_end(session)
                     return list(chain.keys)  # a copy: the chain keeps growing
             chain = self.keyer.chain(root)
-            chain.extend(toks)
-            self._sessions[session] = (chain, toks)
+            chain.extend(toks, extras)
+            self._sessions[session] = (chain, toks, extras)
             while len(self._sessions) > self.session_cache:
                 self._sessions.popitem(last=False)
             return list(chain.keys)
