@@ -188,3 +188,58 @@ def sum_or(ms):
 
 TestIndexModel = IndexModel.TestCase
 TestIndexModel.settings = settings(max_examples=60, stateful_step_count=30)
+
+
+def test_concurrent_inserts_and_removes_at_different_locations_of_the_same_keys_are_exact():
+    """Each thread owns one location and changes the same keys as the others; nothing may be lost."""
+    import random
+    import sys
+    import threading
+
+    idx = DictIndex()
+    keys = [bytes([i]) * 16 for i in range(40)]
+    locations = [Location(t, "n1", 1) for t in ("dram", "disk", "redis", "shm", "far", "archive")]
+    models: list[dict[bytes, int]] = [{} for _ in locations]
+    snaps: list[int] = []
+
+    def worker(n: int) -> None:
+        r, loc, model = random.Random(n), locations[n], models[n]
+        for _ in range(3000):
+            key, mask = r.choice(keys), r.choice((1, 2, 3))
+            op = r.random()
+            if op < 0.5:
+                idx.insert(key, loc, mask)
+                model[key] = model.get(key, 0) | mask
+            elif op < 0.6:
+                batch = r.sample(keys, 5)
+                idx.insert_many(batch, loc, mask)
+                for b in batch:
+                    model[b] = model.get(b, 0) | mask
+            elif op < 0.95:
+                idx.remove(key, loc, mask)
+                left = model.get(key, 0) & ~mask
+                if left:
+                    model[key] = left
+                else:
+                    model.pop(key, None)
+            else:
+                snaps.append(len(idx.snapshot()))
+                idx.match(keys, DENSE)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(len(locations))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    for key in keys:
+        want = tuple(sorted((loc, m[key]) for loc, m in zip(locations, models, strict=True) if key in m))
+        got = idx.get(key)
+        assert (got.locations if got is not None else ()) == want, key
+    for loc, model in zip(locations, models, strict=True):
+        assert idx.keys_at(loc) == frozenset(model)
+    assert snaps  # the readers ran alongside

@@ -62,6 +62,8 @@ def test_a_block_gone_behind_the_kernels_back_stops_the_load_there():
         got = k.materialize(plan, req)
         assert not got.complete and (got.blocks, got.tokens) == (5, 80)
         assert sorted(got.states) == [(b, 0) for b in range(5)] and "block 5" in got.reason
+        assert k.index.get(keys[5]) is None  # the load said so, and the entry went
+        assert k.plan(req).tokens_reused == 80  # the next plan reuses what is really held
 
 
 def test_a_reported_timeout_opens_the_tiers_breaker_and_says_where_to_recompute_from():

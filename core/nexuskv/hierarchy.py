@@ -180,7 +180,9 @@ class Hierarchy:
         """Read a block's payload from `tier` (else the first tier holding it), checksum verified.
 
         A payload that fails its checksum is quarantined: deleted from the tier, removed from the index, logged,
-        and reported as a miss. Wrong state is never returned.
+        and reported as a miss. A payload the index says is held but the tier no longer has (gone behind the
+        kernel's back, or evicted while this load ran) loses its index entry: what the index says is held, is.
+        Wrong state is never returned.
         """
         slot = slot_of(key, group)
         holding = self.index.get(key)
@@ -194,12 +196,27 @@ class Hierarchy:
                 continue
             got = mover.fetch(store, slot)
             if got is None:
+                self._forget(key, group, name, store)
                 continue
             if got.descriptor.key != key.hex() or not verify_checksum(got.payload, got.descriptor.checksum):
                 self.quarantine(key, group, name, reason="checksum mismatch")
                 continue
             return got
         return None
+
+    def _forget(self, key: bytes, group: int, tier: str, store: TierStore) -> None:
+        """Drop the index entries of a slot `tier` turned out not to hold (unless it was stored again since)."""
+        h = self.index.get(key)
+        gone = [loc for loc, mask in (() if h is None else h.locations) if loc.tier == tier and mask & (1 << group)]
+        for loc in gone:
+            self.index.remove(key, loc, 1 << group)
+        got = store.get(slot_of(key, group)) if gone else None
+        if got is not None:  # a writer stored it again meanwhile: its entry stands
+            p = got.descriptor.placement
+            self.index.insert(key, Location(tier, p.node, p.epoch), 1 << group)
+        elif gone:
+            log.info("index entry dropped: the tier no longer holds the payload", key=key.hex(), group=group,
+                     tier=tier)  # fmt: skip
 
     def quarantine(self, key: bytes, group: int, tier: str, reason: str) -> None:
         """Drop a bad payload from its tier and the index, and log why."""
@@ -219,6 +236,7 @@ class Hierarchy:
             return False
         got = src.get(slot)
         if got is None:
+            self._forget(slot[:-1], slot[-1], source, src)
             return False
         if not verify_checksum(got.payload, got.descriptor.checksum):
             self.quarantine(slot[:-1], slot[-1], source, reason="checksum mismatch during prefetch")

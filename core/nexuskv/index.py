@@ -10,6 +10,7 @@ interface (`Matcher`), and `Match` turns its per-block answers into restore poin
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -213,9 +214,15 @@ class IndexSnapshot:
 
 
 class DictIndex:
-    """The builtin matcher: key -> code of an interned `Holding`, plus a reverse map per location."""
+    """The builtin matcher: key -> code of an interned `Holding`, plus a reverse map per location.
+
+    Safe to share between threads: every change holds one lock (writer, prefetch, tier I/O and loader threads
+    all insert and remove), and readers (`get`, `match`) take no lock on the hot path. A reader that meets a
+    holding pruned by `drop_location` in the meantime reads again under the lock.
+    """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._map: dict[bytes, int] = {}  # bytes -> int only: the GC never tracks it
         self._holdings: dict[int | None, Holding | None] = {None: None}  # code -> holding (None: not held)
         self._intern: dict[tuple[tuple[Location, int], ...], Holding] = {}
@@ -237,6 +244,10 @@ class DictIndex:
         """Record that `location` holds the groups in `group_mask` for block `key`."""
         if group_mask <= 0:
             raise ValueError(f"group_mask must be positive, got {group_mask}")
+        with self._lock:
+            self._insert(key, location, group_mask)
+
+    def _insert(self, key: bytes, location: Location, group_mask: int) -> None:
         cur = self._holdings[self._map.get(key)]
         if cur is None:
             locs: dict[Location, int] = {location: group_mask}
@@ -251,6 +262,10 @@ class DictIndex:
         """`insert` for many keys at one location (a committed request's blocks); fast for new keys."""
         if group_mask <= 0:
             raise ValueError(f"group_mask must be positive, got {group_mask}")
+        with self._lock:
+            self._insert_many(keys, location, group_mask)
+
+    def _insert_many(self, keys: Iterable[bytes], location: Location, group_mask: int) -> None:
         fresh = self._holding(((location, group_mask),))
         code = fresh.code  # type: ignore[union-attr]
         held = self._by_loc.setdefault(location, {})
@@ -268,6 +283,10 @@ class DictIndex:
 
     def remove(self, key: bytes, location: Location | None = None, group_mask: int | None = None) -> bool:
         """Forget groups (all if None) of `key` at `location` (all if None); True if anything was removed."""
+        with self._lock:
+            return self._remove(key, location, group_mask)
+
+    def _remove(self, key: bytes, location: Location | None, group_mask: int | None) -> bool:
         cur = self._holdings[self._map.get(key)]
         if cur is None:
             return False
@@ -301,6 +320,10 @@ class DictIndex:
 
     def drop_location(self, location: Location) -> int:
         """Forget everything held at `location`; return how many blocks lost it."""
+        with self._lock:
+            return self._drop_location(location)
+
+    def _drop_location(self, location: Location) -> int:
         keys = self._by_loc.pop(location, {})
         for key in keys:
             cur = self._holdings[self._map[key]]
@@ -318,32 +341,41 @@ class DictIndex:
 
     def drop_node(self, node: str, below_epoch: int | None = None) -> int:
         """Forget a node's holdings (only those written before `below_epoch` if given); return blocks affected."""
-        doomed = [
-            loc
-            for loc in self._by_loc
-            if loc.node == node and (below_epoch is None or loc.epoch < below_epoch)
-        ]
-        return sum(self.drop_location(loc) for loc in doomed)
+        with self._lock:
+            doomed = [loc for loc in self._by_loc
+                      if loc.node == node and (below_epoch is None or loc.epoch < below_epoch)]  # fmt: skip
+            return sum(self._drop_location(loc) for loc in doomed)
 
     def get(self, key: bytes) -> Holding | None:
         """Exact match: the holding of one key."""
-        return self._holdings[self._map.get(key)]
+        try:
+            return self._holdings[self._map.get(key)]
+        except KeyError:  # its holding was pruned between the two reads: read again, consistently
+            with self._lock:
+                return self._holdings[self._map.get(key)]
 
     def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
         """Longest-prefix match of a request's block keys against the live index."""
-        return _scan(self._map.get, self._holdings, keys, layout)
+        try:
+            return _scan(self._map.get, self._holdings, keys, layout)
+        except KeyError:  # a holding was pruned (or a new one made) mid-scan: scan again under the lock
+            with self._lock:
+                return _scan(self._map.get, self._holdings, keys, layout)
 
     def holdings(self) -> dict[Location, int]:
         """Blocks held per location."""
-        return {loc: len(keys) for loc, keys in sorted(self._by_loc.items())}
+        with self._lock:
+            return {loc: len(keys) for loc, keys in sorted(self._by_loc.items())}
 
     def keys_at(self, location: Location) -> frozenset[bytes]:
         """Keys held at one location."""
-        return frozenset(self._by_loc.get(location, ()))
+        with self._lock:
+            return frozenset(self._by_loc.get(location, ()))
 
     def snapshot(self) -> IndexSnapshot:
         """A read-only, point-in-time copy with the same `get` / `match`."""
-        return IndexSnapshot(dict(self._map), dict(self._holdings), self.version)
+        with self._lock:
+            return IndexSnapshot(dict(self._map), dict(self._holdings), self.version)
 
     def __len__(self) -> int:
         return len(self._map)
