@@ -158,3 +158,35 @@ def test_checksum_roundtrip_and_mismatch():
     assert verify_checksum(b"payload", c)
     assert not verify_checksum(b"payloaD", c)
     assert not verify_checksum(b"payload", "md5:" + c.split(":")[1])
+
+
+def test_generated_secret_directory_is_private(tmp_path):
+    p = tmp_path / "state" / "nexuskv" / "secret"
+    load_secret(path=p)
+    assert stat.S_IMODE(os.stat(p.parent).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
+    assert [q.name for q in p.parent.iterdir()] == ["secret"]  # no temporary file left behind
+
+
+def test_concurrent_first_starts_agree_on_one_secret_and_never_read_a_partial_file(tmp_path):
+    import threading
+
+    for round_ in range(20):
+        p = tmp_path / f"r{round_}" / "secret"
+        barrier = threading.Barrier(12)
+        got: list[bytes] = []
+        errors: list[BaseException] = []
+
+        def start():
+            barrier.wait()
+            try:
+                got.append(load_secret(path=p))
+            except BaseException as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(exc)
+
+        threads = [threading.Thread(target=start) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(got) == 12 and len(set(got)) == 1

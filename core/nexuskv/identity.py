@@ -12,11 +12,13 @@ Only full blocks are keyed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import struct
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -67,7 +69,8 @@ def load_secret(value: str | None = None, path: str | os.PathLike[str] | None = 
 
     Order: an explicit hex `value` (from config), the `NEXUSKV_SECRET` environment variable (hex), then the
     file at `path`, `NEXUSKV_SECRET_FILE` or `default_secret_path()`; a missing file is created with 32 random
-    bytes (mode 0600, created exclusively so concurrent first starts agree on one secret).
+    bytes (mode 0600, written whole and then linked into place, so concurrent first starts agree on one
+    secret and never read a half-written file).
     """
     if value:
         return _parse_secret(value, "config secret")
@@ -76,17 +79,29 @@ def load_secret(value: str | None = None, path: str | os.PathLike[str] | None = 
         return _parse_secret(env, SECRET_ENV)
     p = Path(path or os.environ.get(SECRET_FILE_ENV) or default_secret_path())
     if not p.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass  # another process won the race; read its secret below
-        else:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(os.urandom(32).hex() + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+        _create_secret(p)
     return _parse_secret(p.read_text(), str(p))
+
+
+def _create_secret(p: Path) -> None:
+    """Write a new random secret to `p` atomically: whole or not at all, mode 0600, in a 0700 directory.
+
+    The secret is written and synced to a private temporary file, then hard-linked into place: a concurrent
+    first start either wins the link or finds the winner's complete file (it never reads a half-written one).
+    """
+    if not p.parent.exists():
+        p.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chmod(p.parent, 0o700)  # mkdir's mode is masked by the umask
+    fd, tmp = tempfile.mkstemp(prefix=".secret-", dir=p.parent)  # mkstemp creates it 0600
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(os.urandom(32).hex() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        with contextlib.suppress(FileExistsError):  # another process won the race; its file is complete
+            os.link(tmp, p)
+    finally:
+        os.unlink(tmp)
 
 
 def _canonical(obj: object) -> bytes:

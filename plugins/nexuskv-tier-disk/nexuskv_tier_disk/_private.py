@@ -172,7 +172,7 @@ def _read_into(fd: int, mv: memoryview, off: int, n: int) -> int:
 
 def write_file(path: str, chunks: list[bytes | memoryview], fsync: bool) -> None:
     """Create `path` with `chunks` written in order, fsynced when asked; removes it again on any failure."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
         try:
             views = [memoryview(c).cast("B") for c in chunks]
@@ -191,6 +191,26 @@ def write_file(path: str, chunks: list[bytes | memoryview], fsync: bool) -> None
         with contextlib.suppress(OSError):
             os.unlink(path)
         raise
+
+
+FILE_MODE = 0o600  # KV state is user data: only the owner reads it
+DIR_MODE = 0o700
+
+
+def private_dirs(path: str) -> None:
+    """Create `path` and any missing parents as 0700 directories (whatever the umask); existing ones are kept."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        missing.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            os.mkdir(d, DIR_MODE)
+            os.chmod(d, DIR_MODE)  # mkdir's mode is masked by the umask
 
 
 def fsync_dir(dir_fd: int) -> None:

@@ -135,8 +135,8 @@ class DiskStore:
         self._stopping = False
         self._on_evict: EvictionCallback | None = None
 
-        os.makedirs(self.path, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        fmt.private_dirs(self.path)
+        self._lock_fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, fmt.FILE_MODE)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

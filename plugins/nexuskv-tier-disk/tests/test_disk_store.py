@@ -290,3 +290,24 @@ def test_concurrent_puts_gets_and_deletes_keep_the_books_exact(open_store, item)
     for s in list(store.slots()):
         it = next(x for x in items if x.slot == s)
         assert bytes(store.get(s).payload) == it.payload
+
+
+def test_every_file_and_directory_the_store_creates_is_private(tmp_path, open_store, item):
+    import stat
+
+    old = os.umask(0o022)  # the usual umask: it must not decide who can read KV state
+    try:
+        path = tmp_path / "a" / "b" / "tier"
+        store = open_store(path=str(path))
+        for i in range(3):
+            it = item(i)
+            assert store.put(it.slot, it.payload, it.desc)
+        assert store.flush()
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "a", tmp_path / "a" / "b", path):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+    names = os.listdir(path)
+    assert ".lock" in names and len(names) == 4
+    for name in names:
+        assert stat.S_IMODE(os.stat(path / name).st_mode) == 0o600, name

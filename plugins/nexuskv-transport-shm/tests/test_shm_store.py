@@ -199,3 +199,18 @@ def test_a_lost_lease_drops_its_segments_and_never_revives(ns):
     assert s.lease_id not in (None, lease) and s.get(slot_n(2)) is not None
     s.close()
     assert ours(ns) == []
+
+
+def test_every_segment_and_lease_file_is_private(store, ns):
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        put(store, 1)
+        put(store, 2, size=300)
+    finally:
+        os.umask(old)
+    names = ours(ns)
+    assert len(names) == 3  # two segments and the lease record
+    for name in names:
+        assert stat.S_IMODE(os.stat(SHM / name).st_mode) == 0o600, name
