@@ -53,3 +53,36 @@ def kernel():
     k = Kernel(KernelConfig(node="n1", tiers={"dram": {"store": "dram", "capacity_bytes": "1MiB"}}), secret=SECRET)
     yield k
     k.close()
+
+
+def run_threads(worker, n: int, *, switch_interval: float | None = None) -> None:
+    """Run `worker(i)` for i in range(n) on n threads started together; re-raise the first exception.
+
+    A tiny `switch_interval` makes CPython switch threads as often as it can, so races show up in a short run.
+    """
+    import sys
+    import threading
+
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            worker(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    if errors:
+        raise errors[0]

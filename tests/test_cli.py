@@ -103,3 +103,66 @@ def test_plan_prints_the_plan_and_why(run, tmp_path):
     plan = json.loads(res.stdout)
     assert plan["action"] == "recompute" and plan["tokens_total"] == 100
     assert "why: match: nothing reusable" in res.stderr
+
+
+# ------------------------------------------------------------------------------------------ hostile input
+
+from pathlib import Path  # noqa: E402
+
+from hypothesis import given  # noqa: E402
+from hypothesis import settings as hsettings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+POLICY_FILE = str(Path(__file__).resolve().parents[1] / "policies" / "tenants" / "chat.toml")
+JSON_INPUT = ["keys", "--request"], ["plan", "--request"], ["schema", "validate", "request"], \
+    ["schema", "validate", "plan"], ["policy", "explain", POLICY_FILE, "--input"]  # fmt: skip
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=30,
+)
+valid_request = to_dict(make_request(range(40)))
+
+
+def _mutations():
+    """Valid requests with one field replaced by something hostile, and arbitrary JSON documents."""
+    fields = sorted(valid_request)
+    return st.one_of(
+        json_values.map(json.dumps),
+        st.tuples(st.sampled_from(fields), json_values).map(lambda fv: json.dumps({**valid_request, fv[0]: fv[1]})),
+        st.binary(max_size=64).map(lambda b: b.decode("latin-1")),
+        st.integers(1, 200_000).map(lambda n: "[" * n + "]" * n),
+        st.integers(1, 200_000).map(lambda n: '{"model": ' * n + "1" + "}" * n),
+    )
+
+
+def _invoke_raw(args, tmp_path, text):
+    p = tmp_path / "input.json"
+    p.write_text(text, encoding="latin-1" if not text.isascii() else "utf-8")
+    runner = CliRunner()
+    return runner.invoke(cli, ["--log-level", "error", *args, str(p)], env={"NEXUSKV_SECRET": "ab" * 16}), p
+
+
+@hsettings(max_examples=60)
+@given(text=_mutations(), which=st.integers(0, len(JSON_INPUT) - 1))
+def test_hostile_json_input_is_one_clear_error_line_never_a_traceback(tmp_path_factory, text, which):
+    res, path = _invoke_raw(JSON_INPUT[which], tmp_path_factory.mktemp("cli"), text)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert "Traceback" not in res.output
+    if res.exit_code != 0:  # one `Error:` line, or one line per problem naming the file and the field
+        lines = res.output.splitlines()
+        assert lines and ((lines[0].startswith("Error: ") and len(lines) == 1)
+                          or all(ln.startswith(f"{path}: ") for ln in lines)), res.output  # fmt: skip
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "\xff\xfe\x00garbage", ""])
+def test_the_classic_hostile_files(tmp_path, text):
+    res, _ = _invoke_raw(["keys", "--request"], tmp_path, text)
+    assert res.exit_code == 1 and res.output.count("\n") == 1 and res.output.startswith("Error: ")
+    assert "Traceback" not in res.output
+
+
+def test_a_directory_or_unreadable_request_is_one_line(tmp_path):
+    res = CliRunner().invoke(cli, ["keys", "--request", str(tmp_path)])
+    assert res.exit_code != 0 and "Traceback" not in res.output

@@ -169,24 +169,10 @@ def test_generated_secret_directory_is_private(tmp_path):
 
 
 def test_concurrent_first_starts_agree_on_one_secret_and_never_read_a_partial_file(tmp_path):
-    import threading
+    from tests.conftest import run_threads
 
     for round_ in range(20):
         p = tmp_path / f"r{round_}" / "secret"
-        barrier = threading.Barrier(12)
         got: list[bytes] = []
-        errors: list[BaseException] = []
-
-        def start():
-            barrier.wait()
-            try:
-                got.append(load_secret(path=p))
-            except BaseException as exc:  # noqa: BLE001 - any failure is the finding
-                errors.append(exc)
-
-        threads = [threading.Thread(target=start) for _ in range(12)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == [] and len(got) == 12 and len(set(got)) == 1
+        run_threads(lambda _i, p=p, got=got: got.append(load_secret(path=p)), 12)
+        assert len(got) == 12 and len(set(got)) == 1

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import random
-import sys
 import threading
 
 import pytest
 
 from nexuskv import BlockKeyer, ConfigError, Namespace
 from nexuskv.keying import Keys
-from tests.conftest import SECRET, layout_of, make_request
+from tests.conftest import SECRET, layout_of, make_request, run_threads
 
 
 @pytest.fixture
@@ -95,16 +94,7 @@ def test_sessions_are_safe_under_many_threads():
             with lock:
                 calls[0] += 1
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows: races show up
-    try:
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    run_threads(worker, 8, switch_interval=1e-6)  # switch threads as often as CPython allows: races show up
     assert calls[0] == 8 * 150
     assert wrong == []
 

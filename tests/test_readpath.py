@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import random
-import sys
-import threading
 from pathlib import Path
 
 from nexuskv import Kernel, KernelConfig, ModelIdentity, PlanAction
-from tests.conftest import SECRET, make_request
+from tests.conftest import SECRET, make_request, run_threads
 
 POLICIES = str(Path(__file__).resolve().parents[1] / "policies")
 MODEL = ModelIdentity(name="tiny-llama", revision="1")  # the rag tenant shares its docs for this model
@@ -52,16 +50,7 @@ def test_plans_from_many_threads_equal_the_plans_of_one_thread():
                 if got != reference[i]:
                     wrong.append(f"request {i}: {got} != {reference[i]}")
 
-        old = sys.getswitchinterval()
-        sys.setswitchinterval(1e-5)
-        try:
-            threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            sys.setswitchinterval(old)
+        run_threads(worker, 8, switch_interval=1e-5)
         assert wrong == []
         assert k.decisions == len(requests) + 8 * 120
 

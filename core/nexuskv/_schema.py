@@ -137,6 +137,8 @@ def format_path(parts: typing.Iterable[Any]) -> str:
     """Render a jsonschema path as `a.b[3].c` (`<root>` for the empty path)."""
     out = ""
     for p in parts:
+        if not isinstance(p, int) and not str(p).isidentifier():
+            p = repr(str(p))  # a hostile key ("", "a\nb", "x.y") is quoted: a path stays one unambiguous line
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
     return out or "<root>"
 

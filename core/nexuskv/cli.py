@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,44 @@ SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def _read_json(path: str) -> Any:
+    """A JSON file's value; any problem reading or parsing it is one `ClickException` line naming the file."""
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise click.ClickException(f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise click.ClickException(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"{path}: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise click.ClickException(f"{path}: JSON nested too deeply") from None
 
 
-@click.group()
+class _Group(click.Group):
+    """The command group: whatever a command raises becomes one `Error: ...` line and exit 1, not a traceback.
+
+    Input problems are reported where they are found (file, field, position); this is the net under them.
+    `NEXUSKV_DEBUG=1` lets an unexpected exception through with its traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command, turning unexpected exceptions into a one-line error."""
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except RecursionError:
+            raise click.ClickException("input nested too deeply") from None
+        except Exception as exc:
+            if os.environ.get("NEXUSKV_DEBUG"):
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise click.ClickException(f"{type(exc).__name__}: {first}") from None
+
+
+@click.group(cls=_Group)
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
 @click.option("--log-level", default=None, help="debug, info, warning, error (default: NEXUSKV_LOG_LEVEL or info).")
 def cli(log_format: str, log_level: str | None) -> None:
