@@ -23,7 +23,7 @@ FLOORS: list[tuple[str, set[str]]] = [
                              "policy._fastpath", "policy.model", "policy.policyset", "policy.compiler",
                              "policy.loader", "policy.explain", "policy.testing"}),
     ("decisions", {"planner", "writer", "prefetch", "config", "plugins"}),
-    ("kernel parts", {"control", "keying", "decisions", "hierarchy"}),
+    ("kernel parts", {"control", "keying", "decisions", "hierarchy", "sharing"}),
     ("request paths", {"writepath", "loadpath", "readpath"}),
     ("facade", {"kernel"}),
     ("applications", {"", "replay", "_demo", "cli", "builtins", "builtins.dram", "builtins.local",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 
@@ -75,3 +76,75 @@ def test_a_reported_timeout_opens_the_tiers_breaker_and_says_where_to_recompute_
         start = k.report_load_result(plan, LoadReport(ok=False, failed_block=2, tier="dram", timeout=True))
         assert start == 32 and k.health.breaker("dram").state == "open"
         assert k.report_load_result(plan, LoadReport(ok=True)) == 64 and k.health.breaker("dram").state == "closed"
+
+
+# ------------------------------------------------------------------------------------------ plans are checked
+
+from pathlib import Path  # noqa: E402
+
+import attrs  # noqa: E402
+
+from nexuskv import ModelIdentity, Namespace, Plan, from_dict, to_dict  # noqa: E402
+
+POLICIES = str(Path(__file__).resolve().parents[1] / "policies")
+MODEL = ModelIdentity(name="tiny-llama", revision="1")  # rag shares its docs with chat for this model
+
+
+def policy_kernel(secret=SECRET):
+    cfg = KernelConfig(node="n1", policies=POLICIES, deadline_ms=60_000.0,
+                       tiers={"dram": {"store": "dram", "capacity_bytes": "16MiB"}})  # fmt: skip
+    return Kernel(cfg, secret=secret)
+
+
+def stored(k, req, size=512):
+    keys = k.keys(req)
+    k.commit(req, [bytes([b]) * size for b in range(len(keys))], keys=keys)
+    assert k.flush(5)
+    return keys
+
+
+def test_a_plan_naming_another_tenants_namespace_loads_nothing():
+    with policy_kernel() as k:
+        private = make_request(range(16 * 8), tenant="strict", model=MODEL)  # strict shares nothing
+        stored(k, private)
+        thief = make_request(range(16 * 8), tenant="globex", model=MODEL)
+        own = k.plan(thief)
+        assert own.tokens_reused == 0
+        forged = attrs.evolve(k.plan(private), tenant="globex", request_id=thief.request_id,
+                              namespace=private.namespace)  # the old MAC: it does not check  # fmt: skip
+        got = k.materialize(forged, thief)
+        assert got.tokens == 0 and got.states == {} and "MAC does not check" in got.reason
+        resealed = k.seal(forged)  # even a plan sealed in-process needs the owner's share grant, now
+        got = k.materialize(resealed, thief)
+        assert got.tokens == 0 and got.states == {} and "no share rule names it" in got.reason
+        other_tenant = k.materialize(k.plan(private), thief)  # a real plan, for another tenant's request
+        assert other_tenant.tokens == 0 and "is for tenant 'strict'" in other_tenant.reason
+
+
+def test_a_shared_plan_is_reauthorised_for_the_request_that_loads_it():
+    with policy_kernel() as k:
+        docs = list(range(5000, 5000 + 16 * 10))
+        stored(k, make_request(docs, tenant="rag", scope="docs", model=MODEL))
+        question = make_request([*docs, 1, 2, 3], tenant="chat", model=MODEL)
+        plan = k.plan(question)
+        assert plan.namespace == Namespace("rag", "docs") and plan.tokens_reused == 160
+        assert k.materialize(plan, question).complete
+        salted = attrs.evolve(question, cache_salt="other-salt")  # a request that must not see the shared state
+        got = k.materialize(plan, salted)
+        assert got.tokens == 0 and "cache salt differs" in got.reason
+        globex = make_request([*docs, 1, 2, 3], tenant="globex", model=MODEL)
+        got = k.materialize(k.seal(attrs.evolve(plan, tenant="globex")), globex)
+        assert got.tokens == 0 and "no share rule names it" in got.reason
+
+
+def test_a_plan_survives_json_but_not_another_deployment():
+    with policy_kernel() as k, policy_kernel(secret=bytes(range(1, 33))) as other:
+        req = make_request(range(16 * 6), tenant="chat", model=MODEL)
+        stored(k, req)
+        plan = k.plan(req)
+        wire = from_dict(Plan, json.loads(json.dumps(to_dict(plan))))
+        assert wire == plan and k.materialize(wire, req).complete
+        stored(other, req)
+        got = other.materialize(plan, req)
+        assert got.tokens == 0 and "MAC does not check" in got.reason
+        assert not k.materialize(attrs.evolve(plan, tokens_reused=32), req).states  # any change breaks the MAC

@@ -27,7 +27,7 @@ class Mover:
         self.moves: list[tuple[bytes, str, str]] = []
         self.on_move = None
 
-    def __call__(self, slot: bytes, source: str, target: str) -> bool:
+    def __call__(self, slot: bytes, source: str, target: str, context: object = None) -> bool:
         if slot in self.hold:
             self.entered.set()
             assert self.gate.wait(WAIT)

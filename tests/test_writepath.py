@@ -57,3 +57,26 @@ def test_describe_is_exact_for_pages_and_checkpoints():
         with pytest.raises(IndexError, match="group 2 is not in the layout"):
             k.describe(req, 0, b"x", tier="dram", group=2)
         assert slot_of(keys[2], 1) == keys[2] + b"\x01"
+
+
+def test_prefetch_obeys_the_place_rules_as_promotion_does(tmp_path):
+    """Archived state a place rule keeps on disk is never prefetched into DRAM; other state is."""
+    (tmp_path / "default.toml").write_text(
+        'name = "default"\nmin_gain_ms = 0.0\n\n[[place]]\nname = "archive-stays-on-disk"\n'
+        'when = \'request.tenant == "archive"\'\ntier = "disk"\n\n[[place]]\nname = "hot"\ntier = "dram"\n')  # fmt: skip
+    for tenant, expect in (("archive", False), ("chat", True)):
+        cfg = KernelConfig(node="n1", policies=str(tmp_path), promote_on_hit=False, bandwidth_scale={"disk": 1e-4},
+                           tiers={"dram": {"store": "dram", "capacity_bytes": "8MiB"},
+                                  "disk": {"store": "dram", "capacity_bytes": "64MiB"}})  # fmt: skip
+        with Kernel(cfg, secret=SECRET) as k:
+            req = make_request(range(16 * 20), tenant=tenant)
+            keys = k.keys(req)
+            for b in range(len(keys)):
+                payload = bytes([b]) * 4096
+                assert k.put(k.describe(req, b, payload, tier="disk", keys=keys), payload)
+            plan = k.plan(req)
+            assert plan.prefetch and plan.prefetch[0].target_tier == "dram", plan.reasons  # a slow disk: proposed
+            assert k.prefetcher.wait_idle(10)
+            assert k.prefetcher.stats["submitted"] == 1
+            in_dram = [slot_of(key) in k.tiers["dram"] for key in keys]
+            assert all(in_dram) if expect else not any(in_dram), (tenant, in_dram)

@@ -323,6 +323,10 @@ class Plan:
     rules: tuple[str, ...] = field(factory=tuple, converter=tuple, metadata=doc("Policy rules that decided."))
     policy_revision: str = field(default="", metadata=doc("Content hash of the policies used."))
     epoch: int = field(default=0, metadata=doc("Control-plane epoch the plan was made in.", minimum=0))
+    mac: str = field(default="", metadata=doc(
+        "Keyed BLAKE2b-128 (hex) with the deployment secret over every field that decides what is loaded, from "
+        "where and for whom (all but predicted, reasons, rules and mac); materialize refuses a plan whose MAC "
+        "does not check."))  # fmt: skip
     schema_version: int = field(default=SCHEMA_VERSION, metadata=doc("Contract version.", const=SCHEMA_VERSION))
 
 

@@ -229,10 +229,15 @@ class Hierarchy:
                 self.index.remove(key, loc, 1 << group)
         log.warning("payload quarantined", key=key.hex(), group=group, tier=tier, reason=reason)
 
-    def move(self, slot: bytes, source: str, target: str) -> bool:
-        """Copy one slot from `source` to `target` (the index gains the target location); False on a miss."""
-        src, dst = self.tiers.get(source), self.tiers.get(target)
-        if src is None or dst is None or not self.health.allow(source):
+    def move(self, slot: bytes, source: str, target: str,
+             choose: Callable[[StateDescriptor], str | None] | None = None) -> bool:  # fmt: skip
+        """Copy one slot from `source` to `target` (the index gains the target location); False on a miss.
+
+        `choose(descriptor)`, when given, sees the state before it moves and names the tier it goes to instead
+        (None: it stays where it is).
+        """
+        src = self.tiers.get(source)
+        if src is None or target not in self.tiers or not self.health.allow(source):
             return False
         got = src.get(slot)
         if got is None:
@@ -241,7 +246,10 @@ class Hierarchy:
         if not verify_checksum(got.payload, got.descriptor.checksum):
             self.quarantine(slot[:-1], slot[-1], source, reason="checksum mismatch during prefetch")
             return False
-        desc = attrs.evolve(got.descriptor, placement=self.placement(target))
+        where = target if choose is None else choose(got.descriptor)
+        if where is None or where not in self.tiers:
+            return False
+        desc = attrs.evolve(got.descriptor, placement=self.placement(where))
         return self.store(desc, got.payload, 0.0)  # verified just above
 
     # ------------------------------------------------------------------------------------------ lifecycle

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import hmac
 import json
 import os
 import struct
@@ -22,18 +23,21 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import attrs
+
 from nexuskv.contracts import (
     ExtraInput,
     Layout,
     ModelIdentity,
     Namespace,
+    Plan,
     Request,
     TokenizerIdentity,
     to_dict,
 )
 from nexuskv.errors import ConfigError
 
-__all__ = ["DIGEST_SIZE", "BlockKeyer", "KeyChain", "checksum", "load_secret", "verify_checksum"]
+__all__ = ["DIGEST_SIZE", "BlockKeyer", "KeyChain", "PlanSeal", "checksum", "load_secret", "verify_checksum"]
 
 DIGEST_SIZE = 16
 SECRET_ENV = "NEXUSKV_SECRET"
@@ -268,3 +272,37 @@ def verify_checksum(payload: bytes | bytearray | memoryview, expected: str) -> b
     """True when `payload` matches `expected` (an unknown algorithm never matches)."""
     algo, _, _ = expected.partition(":")
     return algo == _CHECKSUM_ALGO and checksum(payload) == expected
+
+
+class PlanSeal:
+    """Makes plans tamper-evident: a keyed MAC with the deployment secret over what a plan decides.
+
+    Plans cross process boundaries (a scheduler plans, a worker loads); a plan whose MAC does not check was
+    changed on the way or made by another deployment, and is not loaded. The MAC covers the decision id,
+    request, tenant, action, token counts, spans, prefetches, route, namespace, policy revision and epoch:
+    everything that decides what is loaded, from where and for whom (not the predicted costs or the reasons).
+    """
+
+    __slots__ = ("_key",)
+
+    def __init__(self, secret: bytes) -> None:
+        self._key = hashlib.blake2b(secret[:64], digest_size=32, person=b"nexuskv.planseal").digest()
+
+    def mac(self, plan: Plan) -> str:
+        """The MAC of `plan` (whatever its `mac` field says)."""
+        ns = plan.namespace
+        spans = tuple((s.start, s.end, s.tier, s.node, s.transport, s.target_tier) for s in plan.spans)
+        pre = tuple((s.start, s.end, s.tier, s.node, s.transport, s.target_tier) for s in plan.prefetch)
+        content = (plan.decision_id, plan.request_id, plan.tenant, plan.action.value, plan.tokens_total,
+                   plan.tokens_reused, spans, pre, plan.route,
+                   None if ns is None else (ns.tenant, ns.scope, ns.cache_salt), plan.policy_revision, plan.epoch,
+                   plan.schema_version)  # fmt: skip
+        return hashlib.blake2b(repr(content).encode(), key=self._key, digest_size=16).hexdigest()
+
+    def seal(self, plan: Plan) -> Plan:
+        """`plan` with its MAC filled in."""
+        return attrs.evolve(plan, mac=self.mac(plan))
+
+    def check(self, plan: Plan) -> bool:
+        """True when the plan's MAC is the one this deployment's secret gives."""
+        return bool(plan.mac) and hmac.compare_digest(plan.mac, self.mac(plan))

@@ -22,7 +22,7 @@ from nexuskv.cost import CostModel, load_profile
 from nexuskv.decisions import DecisionLog
 from nexuskv.health import Health
 from nexuskv.hierarchy import Hierarchy
-from nexuskv.identity import BlockKeyer, KeyChain, load_secret
+from nexuskv.identity import BlockKeyer, KeyChain, PlanSeal, load_secret
 from nexuskv.index import Match, Matcher
 from nexuskv.interfaces import ControlPlane, Lease, StoredState, TierStore, Transport
 from nexuskv.keying import Keys
@@ -56,7 +56,9 @@ class Kernel:
         cfg = self.config = config or KernelConfig()
         self.plugins = plugins or PluginManager(plugin_env(cfg))
         self.node = cfg.node
-        self.keyer = BlockKeyer(secret or load_secret(cfg.secret, cfg.secret_file), cfg.page_size)
+        secret = secret or load_secret(cfg.secret, cfg.secret_file)
+        self.keyer = BlockKeyer(secret, cfg.page_size)
+        self.plan_seal = PlanSeal(secret)
         self.index: Matcher = self.plugins.matcher(cfg.matcher)
         self.membership = Membership(self.plugins.control_plane(cfg.control_plane), self.node, cfg.lease_ttl_s)
         self.cost = CostModel(load_profile(cfg.profile) if cfg.profile else None)
@@ -72,12 +74,13 @@ class Kernel:
         self.planner = Planner(self.cost, self.health, self.tier_order, transport=cfg.transports[0])
         self.keyring = Keys(self.keyer, cfg.session_cache)
         self.writes = WritePath(cfg, self.keyring, self.hierarchy, self.health, self.policies)
-        self.loads = LoadPath(cfg, self.keyring, self.hierarchy, self.health, self.writes)
-        self.prefetcher = Prefetcher(self.hierarchy.move, max_bytes=cfg.prefetch_max_bytes,
+        self.loads = LoadPath(cfg, self.keyring, self.hierarchy, self.health, self.writes, self.plan_seal,
+                              self.policies)
+        self.prefetcher = Prefetcher(self.writes.prefetch_move, max_bytes=cfg.prefetch_max_bytes,
                                      max_tasks=cfg.prefetch_max_tasks, tenant_share=cfg.prefetch_tenant_share)
         self.decision_log = DecisionLog(self.plugins)
         self.reads = ReadPath(cfg, self.keyring, self.index, self.planner, self.policies, self.membership,
-                              self.health, self.cost, self.prefetcher, self.decision_log)  # fmt: skip
+                              self.health, self.cost, self.prefetcher, self.decision_log, self.plan_seal)  # fmt: skip
         log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
                  policies=self.policies.tenants() if self.policies else [],
                  plugin_problems=len(self.plugins.problems))  # fmt: skip
@@ -184,6 +187,10 @@ class Kernel:
         `recompute` plan whose reasons say why.
         """
         return self.reads.plan(request, keys=keys, session=session, deadline_ms=deadline_ms)
+
+    def seal(self, plan: Plan) -> Plan:
+        """`plan` with this deployment's MAC: for plans a connector builds itself (plans from `plan` have one)."""
+        return self.plan_seal.seal(plan)
 
     async def aplan(self, request: Request, **kwargs: Any) -> Plan:
         """`plan` for asyncio callers (it is CPU-bound and bounded by the deadline, so it runs inline)."""

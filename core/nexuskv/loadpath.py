@@ -17,10 +17,13 @@ from nexuskv.config import KernelConfig
 from nexuskv.contracts import Plan, PlanAction, Request
 from nexuskv.health import Health
 from nexuskv.hierarchy import Hierarchy
+from nexuskv.identity import PlanSeal
 from nexuskv.interfaces import StoredState
 from nexuskv.keying import Keys
 from nexuskv.kinds import group_masks
 from nexuskv.logs import get_logger
+from nexuskv.policy.loader import Policies
+from nexuskv.sharing import authorise
 from nexuskv.writepath import WritePath
 
 __all__ = ["LoadPath", "LoadReport", "Materialized"]
@@ -62,8 +65,10 @@ class LoadPath:
     """Materialize plans and take connectors' load reports; owns the loader pool."""
 
     def __init__(self, config: KernelConfig, keys: Keys, hierarchy: Hierarchy, health: Health,
-                 writes: WritePath) -> None:  # fmt: skip
+                 writes: WritePath, seal: PlanSeal, policies: Policies | None) -> None:  # fmt: skip
         self.config = config
+        self.seal = seal
+        self.policies = policies
         self.keys = keys
         self.hierarchy = hierarchy
         self.health = health
@@ -79,6 +84,11 @@ class LoadPath:
         """
         if plan.action != PlanAction.MATERIALIZE or not plan.spans:
             return Materialized(plan, 0, 0, {}, "nothing to load")
+        refused = self._refusal(plan, request)
+        if refused:
+            log.warning("plan refused: nothing loaded", request_id=request.request_id, tenant=request.tenant,
+                        reason=refused)  # fmt: skip
+            return Materialized(plan, 0, 0, {}, f"refused: {refused}")
         if plan.namespace is not None:  # state another tenant shares: its keys, whatever the caller passed
             keys = self.keys.under(plan.namespace, request)
         keys = self.keys.keys(request) if keys is None else keys
@@ -113,6 +123,23 @@ class LoadPath:
             self.health.breaker(span.tier).success()
             self.health.breaker(f"transport:{span.transport}").success()
         return Materialized(plan, last, last * page, states)
+
+    def _refusal(self, plan: Plan, request: Request) -> str:
+        """Why this plan must not be loaded for this request ("" when it may).
+
+        A plan is checked, not trusted: its MAC must be this deployment's, it must be for the request's
+        tenant and fit its tokens, and state of another namespace needs that owner's share grant for this
+        very request, now.
+        """
+        if not self.seal.check(plan):
+            return "the plan's MAC does not check (changed on the way, or made by another deployment)"
+        if plan.tenant != request.tenant:
+            return f"the plan is for tenant {plan.tenant!r}, the request is tenant {request.tenant!r}'s"
+        if plan.tokens_reused > len(request.token_ids):
+            return f"the plan reuses {plan.tokens_reused} tokens of a {len(request.token_ids)}-token request"
+        if plan.namespace is not None:
+            return authorise(self.policies, request, plan.namespace, plan.tokens_reused // request.layout.page_size)
+        return ""
 
     def _load_many(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], tier: str,
                    transport: str) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip

@@ -12,6 +12,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from attrs import define, field
 
@@ -37,12 +38,13 @@ class PrefetchTask:
     moved: int = 0
     error: str = ""
     created: float = field(factory=time.monotonic)
+    context: Any = None  # handed to `move` with each slot (the kernel passes the request: place rules see it)
 
 
 class Prefetcher:
-    """Runs `move(slot, source, target) -> bool` for queued tasks on one worker thread."""
+    """Runs `move(slot, source, target, context) -> bool` for queued tasks on one worker thread."""
 
-    def __init__(self, move: Callable[[bytes, str, str], bool], *, max_bytes: int = 512 << 20, max_tasks: int = 64,
+    def __init__(self, move: Callable[[bytes, str, str, Any], bool], *, max_bytes: int = 512 << 20, max_tasks: int = 64,
                  tenant_share: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self._move = move
         self.max_bytes = max_bytes
@@ -64,7 +66,7 @@ class Prefetcher:
         self._thread.start()
 
     def submit(self, tenant: str, slots: Sequence[bytes], source: str, target: str, block_bytes: int,
-               deadline_s: float) -> PrefetchTask | None:  # fmt: skip
+               deadline_s: float, context: Any = None) -> PrefetchTask | None:  # fmt: skip
         """Queue a prefetch of the slots not already pending; None when nothing new or the bounds refuse it."""
         with self._cv:
             new = tuple(s for s in dict.fromkeys(slots) if (s, target) not in self._pending)
@@ -77,7 +79,8 @@ class Prefetcher:
                     or self._tenant_bytes.get(tenant, 0) + nbytes > tenant_cap):  # fmt: skip
                 self.stats["refused"] += 1
                 return None
-            task = PrefetchTask(next(self._ids), tenant, new, source, target, nbytes, self._clock() + deadline_s)
+            task = PrefetchTask(next(self._ids), tenant, new, source, target, nbytes, self._clock() + deadline_s,
+                                context=context)
             self._tasks[task.task_id] = task
             self._queue.append(task.task_id)
             self._pending.update((s, target) for s in new)
@@ -146,7 +149,7 @@ class Prefetcher:
                     if self._clock() > task.deadline:
                         task.state = "expired"
                         break
-                    if self._move(slot, task.source, task.target):
+                    if self._move(slot, task.source, task.target, task.context):
                         task.moved += 1
                         self.stats["bytes_moved"] += task.nbytes // len(task.slots)
                     time.sleep(0)  # hand the GIL to a planning thread between moves, never hold it for a burst

@@ -21,14 +21,15 @@ from nexuskv.control import Membership
 from nexuskv.cost import CostModel
 from nexuskv.decisions import DecisionLog
 from nexuskv.health import Health
+from nexuskv.identity import PlanSeal
 from nexuskv.index import DictIndex, Match, Matcher
 from nexuskv.interfaces import slot_of
 from nexuskv.keying import Keys
 from nexuskv.logs import get_logger
 from nexuskv.planner import Decision, Planner, decide, to_plan
 from nexuskv.policy.loader import Policies
-from nexuskv.policy.model import Candidate
 from nexuskv.prefetch import Prefetcher
+from nexuskv.sharing import granted
 
 __all__ = ["ReadPath"]
 
@@ -44,8 +45,9 @@ class ReadPath:
 
     def __init__(self, config: KernelConfig, keys: Keys, index: Matcher, planner: Planner, policies: Policies | None,
                  membership: Membership, health: Health, cost: CostModel, prefetcher: Prefetcher,
-                 decisions: DecisionLog) -> None:  # fmt: skip
+                 decisions: DecisionLog, seal: PlanSeal) -> None:  # fmt: skip
         self.config = config
+        self.seal = seal
         self.keys = keys
         self.index = index
         self.planner = planner
@@ -120,10 +122,11 @@ class ReadPath:
         except Exception as exc:
             log.exception("planning failed", stage=stage, request_id=request.request_id)
             return self._fallback(request, decision_id, t0, f"{stage} failed: {type(exc).__name__}: {exc}")
-        if decision.plan.prefetch:
-            self._schedule_prefetch(request, keys, decision.plan)
-        self.decisions.record(decision.plan, t0)
-        return decision.plan
+        plan = self.seal.seal(decision.plan)
+        if plan.prefetch:
+            self._schedule_prefetch(request, keys, plan)
+        self.decisions.record(plan, t0)
+        return plan
 
     def _shared_decision(self, request: Request, owner: str, scope: str, policy: Any,
                          decide_args: Mapping[str, Any]) -> tuple[Decision, list[bytes]] | None:  # fmt: skip
@@ -132,12 +135,7 @@ class ReadPath:
         keys = self.keys.held_prefix(ns, request, self.index.get)
         match = self.index.match(keys, request.layout)
         blocks = match.longest()
-        if not blocks or self.policies is None:
-            return None
-        view = Candidate(tokens=blocks * request.layout.page_size, blocks=blocks, owner=owner, scope=scope,
-                         shared=True, kind=request.layout.kind)  # fmt: skip
-        grant = self.policies.for_tenant(owner).evaluate("share", {"request": request, "match": view})
-        if not grant.allowed:
+        if not blocks or self.policies is None or not granted(self.policies, request, owner, scope, blocks):
             return None
         return decide(self.planner, request, match, policy, shared_from=ns, **decide_args), keys
 
@@ -151,6 +149,7 @@ class ReadPath:
         plan = to_plan(request, None, action=PlanAction.RECOMPUTE, decision_id=decision_id,
                        page=request.layout.page_size, transport="", reasons=[f"fail-open: {reason}"],
                        epoch=self.membership.epoch, cost=self.cost)  # fmt: skip
+        plan = self.seal.seal(plan)
         self.decisions.record(plan, t0, fallback=True)
         return plan
 
@@ -172,7 +171,7 @@ class ReadPath:
             slots = [slot_of(keys[b], g) for b in range(span.start // page, span.end // page)
                      for g in range(len(request.layout.groups))]  # fmt: skip
             self.prefetcher.submit(request.tenant, slots, span.tier, span.target_tier, block_bytes,
-                                   self.config.prefetch_deadline_s)  # fmt: skip
+                                   self.config.prefetch_deadline_s, context=request)  # place rules see it
 
     def close(self) -> None:
         """Stop the matcher watchdog."""

@@ -128,6 +128,27 @@ class WritePath:
         promote = [_Promotion(request, st.descriptor, st.payload, source) for st in states.values()]
         self.writer.submit([WriteItem(len(p.payload), p) for p in promote])  # may be refused: it is a copy
 
+    def prefetch_move(self, slot: bytes, source: str, target: str, request: Request | None = None) -> bool:
+        """A prefetch move that obeys the tenant's `place` rules, exactly as promotion on hit does.
+
+        The state goes to the tier its place rules choose (the proposed `target` when none fires), and only
+        when that tier is faster than `source`: archived state a place rule keeps remote stays remote.
+        """
+        if request is None or self.policies is None:
+            return self.hierarchy.move(slot, source, target)
+        policy = self.policies.for_tenant(request.tenant)
+        return self.hierarchy.move(slot, source, target,
+                                   choose=lambda desc: self._faster(policy, desc, request, source, target))
+
+    def _faster(self, policy: Any, desc: StateDescriptor, request: Request, source: str,
+                default: str) -> str | None:  # fmt: skip
+        """The tier the place rules choose for `desc`, if it is faster than `source`; else None."""
+        order = self.hierarchy.tier_order
+        tier = self._placement(policy, desc, request, default)[0]
+        if tier not in order or source not in order or order.index(tier) >= order.index(source):
+            return None
+        return tier
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the writer has stored everything queued, and tiers that write behind (disk) have written it."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -190,9 +190,9 @@ def measure_tiers(connector: TransformersConnector, *, blocks: Sequence[int] = (
         samples: dict[int, list[float]] = {k: [] for k in blocks}
         for _ in range(repeats):
             for k in blocks:
-                plan = Plan(decision_id="calibration", request_id="calibration", tenant="calibration",
-                            action="materialize", tokens_total=n, tokens_reused=k * page,
-                            spans=(PlanSpan(0, k * page, tier, kernel.node),))  # fmt: skip
+                plan = kernel.seal(Plan(decision_id="calibration", request_id="calibration", tenant="calibration",
+                                        action="materialize", tokens_total=n, tokens_reused=k * page,
+                                        spans=(PlanSpan(0, k * page, tier, kernel.node),)))  # fmt: skip
                 t0 = time.perf_counter()
                 got = kernel.materialize(plan, req, keys=keys, timeout_ms=60_000)
                 samples[k].append((time.perf_counter() - t0) * 1e3)

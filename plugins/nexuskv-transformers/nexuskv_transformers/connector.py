@@ -147,9 +147,9 @@ class TransformersConnector:
         cands = k.planner.candidates(request, k.index.match(keys, request.layout), node=k.node)
         longest = max(cands, key=lambda c: c.blocks)
         action = PlanAction.MATERIALIZE if longest.blocks else PlanAction.RECOMPUTE
-        return to_plan(request, longest, action=action, decision_id=f"always-{request.request_id}",
-                       page=self.page, transport=k.planner.transport, reasons=["always reuse the longest prefix"],
-                       epoch=k.epoch, cost=k.cost)  # fmt: skip
+        return k.seal(to_plan(request, longest, action=action, decision_id=f"always-{request.request_id}",
+                              page=self.page, transport=k.planner.transport, epoch=k.epoch, cost=k.cost,
+                              reasons=["always reuse the longest prefix"]))  # fmt: skip
 
     def _restore(self, plan: Plan, request: Request, keys: list[bytes]) -> tuple[Any, int, str, str]:
         """(cache, tokens restored, tier, why not all) for a materialize plan; (None, 0, ...) means recompute."""
