@@ -5,13 +5,14 @@ import nexuskv
 PUBLIC = {
     "AdapterIdentity", "BlockKeyer", "Calibration", "ChecksumError", "CodecCost", "CommitResult", "ConfigError",
     "ContractError", "ControlPlane", "CostProfile", "DictIndex", "EvictionCallback", "ExtraInput", "HeapEntry",
-    "Holding", "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "LinkCost", "LoadReport",
-    "Location", "Match", "Materialized", "Matcher", "ModelIdentity", "Namespace", "NexusKVError", "Placement", "Plan",
-    "PlanAction", "PlanSpan", "PluginError", "PersistentTierStore", "PluginManager", "Predicted", "PrefillCost",
-    "Request", "SchemaVersionError", "Slo", "StateDescriptor", "StateGroup", "StateKind", "StoredState", "TensorSpec",
-    "TierStore", "TokenSpan", "TokenizerIdentity", "Transport", "Usage", "__version__", "bind_request", "checksum",
-    "configure_logging", "from_dict", "get_logger", "hookimpl", "load_secret", "longest_restore_point", "parse_bytes",
-    "pick_victims", "slot_of", "to_dict", "valid_restore_point", "verify_checksum",
+    "Holding", "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "Lineage", "LinkCost",
+    "LoadReport", "Location", "Match", "Matcher", "Materialized", "ModelIdentity", "Namespace", "NexusKVError",
+    "PersistentTierStore", "Placement", "Plan", "PlanAction", "PlanSpan", "PluginError", "PluginManager",
+    "Predicted", "PrefillCost", "Request", "SchemaVersionError", "Slo", "StateDescriptor", "StateGroup",
+    "StateKind", "StoredState", "TensorSpec", "TierStore", "TokenSpan", "TokenizerIdentity", "Transport", "Usage",
+    "__version__", "bind_request", "checksum", "configure_logging", "from_dict", "get_logger", "hookimpl",
+    "load_secret", "longest_restore_point", "parent_slot", "parse_bytes", "pick_victims", "slot_of", "to_dict",
+    "valid_restore_point", "verify_checksum"
 }  # fmt: skip
 
 

@@ -114,3 +114,9 @@ def test_ttl_expires_on_read_and_reports_like_an_eviction(monkeypatch):
     assert st_.put(s(1), b"abc", D, ttl_s=5.0) and st_.put(s(1), b"abc", D)  # a later put without TTL clears it
     now[0] += 60.0
     assert st_.get(s(1)) is not None
+
+
+def test_a_chain_larger_than_the_store_keeps_its_prefix_whatever_the_priorities():
+    from nexuskv.testing import prefix_problems
+
+    assert prefix_problems(lambda capacity: DramStore(capacity)) == []

@@ -84,10 +84,9 @@ def test_demo_numbers():
     assert out["tenant globex"] == out["model revision r2"] == out["cache salt 'x'"] == 0
     assert out["same tenant, same model"] > 0
     assert out["recurrent (ckpt every 16)"] % 16 == 0
-    assert out["evictions plain LRU"] == 16 and out["refused plain LRU"] == 0
-    assert out["evictions deeper blocks first"] == 0 and out["refused deeper blocks first"] == 16
-    assert out["indexed plain LRU"] == out["indexed deeper blocks first"] == 24
-    assert out["longest plain LRU"] == 0 and out["longest deeper blocks first"] == 24
+    for label in ("equal priorities", "deeper blocks first"):  # a full tier refuses the tail, keeps the head
+        assert out[f"evictions {label}"] == 0 and out[f"refused {label}"] == 16
+        assert out[f"indexed {label}"] == 24 and out[f"longest {label}"] == 24
     assert out["plan chat"] == out["plan strict"] == out["plan rag"] == 1024
     assert out["plan congested"] == 0  # loading from the congested disk would lose: recompute
     assert out["shared to chat"] == 1024 and out["shared to globex"] == 0  # rag shares its documents with chat

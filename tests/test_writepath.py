@@ -63,7 +63,8 @@ def test_prefetch_obeys_the_place_rules_as_promotion_does(tmp_path):
     """Archived state a place rule keeps on disk is never prefetched into DRAM; other state is."""
     (tmp_path / "default.toml").write_text(
         'name = "default"\nmin_gain_ms = 0.0\n\n[[place]]\nname = "archive-stays-on-disk"\n'
-        'when = \'request.tenant == "archive"\'\ntier = "disk"\n\n[[place]]\nname = "hot"\ntier = "dram"\n')  # fmt: skip
+        'when = \'request.tenant == "archive"\'\ntier = "disk"\n\n[[place]]\nname = "hot"\n'
+        'tier = "dram"\n')  # fmt: skip
     for tenant, expect in (("archive", False), ("chat", True)):
         cfg = KernelConfig(node="n1", policies=str(tmp_path), promote_on_hit=False, bandwidth_scale={"disk": 1e-4},
                            tiers={"dram": {"store": "dram", "capacity_bytes": "8MiB"},
@@ -80,3 +81,17 @@ def test_prefetch_obeys_the_place_rules_as_promotion_does(tmp_path):
             assert k.prefetcher.stats["submitted"] == 1
             in_dram = [slot_of(key) in k.tiers["dram"] for key in keys]
             assert all(in_dram) if expect else not any(in_dram), (tenant, in_dram)
+
+
+@pytest.mark.parametrize("eviction", ["cost", "lru"])
+def test_a_request_larger_than_its_tier_keeps_its_prefix_not_its_deepest_blocks(eviction):
+    cfg = KernelConfig(node="n1", eviction=eviction, tiers={"dram": {"store": "dram", "capacity_bytes": 16 * 1024}})
+    with Kernel(cfg, secret=SECRET) as k:
+        req = make_request(range(16 * 62))
+        keys = k.keys(req)
+        assert k.commit(req, [bytes([b]) * 1024 for b in range(62)], keys=keys).refused == 0
+        assert k.flush(5)
+        held = [b for b, key in enumerate(keys) if k.index.get(key) is not None]
+        assert held == list(range(16))  # the old code kept blocks 46..61, and the next plan reused nothing
+        assert k.plan(req).tokens_reused == 256
+        assert k.writes.orphans == 62 - 17  # block 16 was refused; the blocks after it had no prefix anywhere

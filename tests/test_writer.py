@@ -171,3 +171,59 @@ def test_submit_after_close_refuses(writers):
     assert w.stats["refused"] == 2
     assert sink.seen == []
     w.close()  # closing twice is harmless
+
+
+# ------------------------------------------------------------------------------------------ fairness between tenants
+
+
+def test_one_tenant_flat_out_cannot_starve_the_others():
+    """Eight threads commit for four tenants as fast as they can; every tenant gets a fair part of the writes."""
+    import time
+
+    from tests.conftest import run_threads
+
+    written: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def sink(payload):
+        time.sleep(0.0002)  # a real tier takes time: the queue is always full
+        with lock:
+            written[payload] = written.get(payload, 0) + 1
+
+    w = Writer(sink, max_bytes=1 << 20, max_items=64)
+    tenants = ["t0", "t1", "t2", "t3"]
+    stop = time.monotonic() + 1.5
+
+    def worker(i):
+        tenant = tenants[0] if i < 5 else tenants[i - 4]  # t0 has five threads, the others one each
+        while time.monotonic() < stop:
+            w.submit([WriteItem(100, tenant) for _ in range(8)], tenant=tenant)
+
+    run_threads(worker, 8)
+    assert w.flush(WAIT)
+    w.close()
+    counts = [w.by_tenant[t]["written"] for t in tenants]
+    assert sum(counts) == sum(written.values()) and all(written[t] == w.by_tenant[t]["written"] for t in tenants)
+    assert min(counts) * 3 >= max(counts), counts  # the old writer: one tenant about 4,300, the others 5 to 14
+    for t in tenants:
+        per = w.by_tenant[t]
+        assert per["accepted"] == per["written"] and per["refused"] > 0  # refusals are counted per tenant
+
+
+def test_a_lone_tenant_may_use_the_whole_queue(writers):
+    w, sink = blocked_writer(writers, max_items=5)
+    assert submit_without_blocking(w, [WriteItem(1, i) for i in range(10)]) == 5
+    assert w.by_tenant[""] == {"accepted": 6, "refused": 5, "written": 0, "failed": 0}
+
+
+def test_refusals_are_logged_per_tenant(writers):
+    import structlog
+
+    w, sink = blocked_writer(writers, max_items=2)
+    with structlog.testing.capture_logs() as logs:
+        w.submit([WriteItem(1, "a")] * 5, tenant="acme")
+        w.submit([WriteItem(1, "b")] * 5, tenant="globex")
+        w.submit([WriteItem(1, "c")] * 5, tenant="acme")  # within the second: counted, logged later
+    lines = [e for e in logs if e["event"] == "writer refused state (backpressure)"]
+    assert [(e["tenant"], e["refused"]) for e in lines] == [("acme", 3), ("globex", 5)]
+    assert w.by_tenant["acme"]["refused"] == 8 and w.by_tenant["globex"]["refused"] == 5

@@ -41,7 +41,7 @@ from nexuskv.errors import (
     PluginError,
     SchemaVersionError,
 )
-from nexuskv.eviction import HeapEntry, pick_victims
+from nexuskv.eviction import HeapEntry, Lineage, parent_slot, pick_victims
 from nexuskv.hookspecs import hookimpl
 from nexuskv.identity import BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
 from nexuskv.index import DictIndex, Holding, IndexSnapshot, Location, Match, Matcher
@@ -87,6 +87,7 @@ __all__ = [
     "KeyChain",
     "Layout",
     "Lease",
+    "Lineage",
     "LinkCost",
     "LoadReport",
     "Location",
@@ -127,6 +128,7 @@ __all__ = [
     "hookimpl",
     "load_secret",
     "longest_restore_point",
+    "parent_slot",
     "parse_bytes",
     "pick_victims",
     "slot_of",

@@ -29,7 +29,7 @@ def _request(rid: str, tenant: str, tokens: list[int], layout: Layout, revision:
 def _commit(kernel: Kernel, request: Request, group: int = 0, every: int = 1, prefix_first: bool = False) -> int:
     """Store state for the request's full blocks (every `every`-th block for checkpointed kinds).
 
-    `prefix_first` gives deeper blocks lower eviction priority, so a full tier drops tails, not heads.
+    `prefix_first` gives deeper blocks lower eviction priority; the store keeps the prefix either way.
     """
     keys = kernel.keys(request)
     stored = 0
@@ -105,13 +105,13 @@ def run_demo(turns: int = 4, echo: Callable[[str], None] = print, seed: int = 7,
         echo(f"  dram: {store.used_bytes() / 2**20:.1f} MiB used of {store.capacity_bytes / 2**20:.0f} MiB, "
              f"{len(kernel.index)} blocks indexed")  # fmt: skip
 
-    echo("\n== 5. A small DRAM tier under pressure: evictions call back, the index follows exactly ==")
+    echo("\n== 5. A small DRAM tier under pressure: the prefix stays whatever the priorities, the index exact ==")
     page_bytes = PAGE * BYTES_PER_TOKEN // 64
     small = KernelConfig(node="node-b", tiers={"dram": {"store": "dram", "capacity_bytes": 24 * page_bytes}})
     with Kernel(small, secret=random.randbytes(32)) as kernel:
         req = _request("big", "acme", [random.randrange(32000) for _ in range(40 * PAGE)], dense)
         store = kernel.tiers["dram"]
-        for label, prefix_first in (("plain LRU", False), ("deeper blocks first", True)):
+        for label, prefix_first in (("equal priorities", False), ("deeper blocks first", True)):
             for slot in list(store.slots()):
                 store.delete(slot)
                 kernel.index.remove(slot[:-1])
@@ -183,7 +183,7 @@ def _replay(echo: Callable[[str], None], out: dict[str, int], requests: int) -> 
     echo("   simulated engine: times from profiles/replay-llama-8b-gpu.json (not calibrated)")
     records = generate(requests, seed=11)
     profile = str(ROOT / "profiles" / "replay-llama-8b-gpu.json")
-    tiers = {"dram": 300, "disk": 3000, "redis": 20000}
+    tiers = {"dram": 100, "disk": 3000, "redis": 20000}  # DRAM holds a third of the working set
     for label, scale in (("normal links", {}), ("congested disk and redis (5% bandwidth)", {"disk": 0.05,
                                                                                            "redis": 0.05})):
         res = replay(records, profile_path=profile, tier_blocks=tiers, bandwidth_scale=scale)

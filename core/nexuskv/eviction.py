@@ -3,17 +3,69 @@
 A store keeps a heap of `(priority, seq, slot)` (a newer `seq` for a slot makes its older heap entries stale) and
 asks `pick_victims` for the lowest-priority, least recently used payloads whose removal makes room, never one above
 the incoming payload's priority: all the room or nothing.
+
+Whatever the priorities say, a store never drops a paged block (dense, latent) while it keeps a block that
+continues it: a block without its prefix restores nothing. A store's `Lineage` knows the parent links of what it
+holds; `pick_victims` takes only blocks none of whose children stay, and never the parent of the incoming block
+(the incoming block is refused instead, and the writer tries the next tier down).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
-__all__ = ["HeapEntry", "pick_victims"]
+from nexuskv.contracts import StateDescriptor
+
+__all__ = ["HeapEntry", "Lineage", "parent_slot", "pick_victims"]
 
 HeapEntry = tuple[float, int, bytes]
 """(priority, sequence number, slot): lower priority first, older sequence first among equals."""
+
+
+def parent_slot(slot: bytes, descriptor: StateDescriptor) -> bytes | None:
+    """The slot of the block a paged payload continues (same group); None for a first block or a checkpoint."""
+    if descriptor.parent_key is None:
+        return None
+    groups = descriptor.layout.groups
+    if 0 <= descriptor.group < len(groups) and groups[descriptor.group].kind.checkpointed:
+        return None  # a checkpoint restores on its own: it needs no earlier block
+    return bytes.fromhex(descriptor.parent_key) + slot[-1:]
+
+
+class Lineage:
+    """Which held payloads continue which: a store's parent links, pruned lazily against what it still holds.
+
+    `add` is called for every payload a store takes in; removals need no call, because `has_children` asks the
+    store (`held(slot)`) and forgets children it no longer holds. Not thread-safe: use it under the store's lock.
+    """
+
+    def __init__(self, held: Callable[[bytes], bool]) -> None:
+        self._held = held
+        self._kids: dict[bytes, set[bytes]] = {}
+
+    def add(self, slot: bytes, descriptor: StateDescriptor) -> None:
+        """Record that `slot` (now held) continues its parent block."""
+        parent = parent_slot(slot, descriptor)
+        if parent is not None:
+            self._kids.setdefault(parent, set()).add(slot)
+
+    def has_children(self, slot: bytes, gone: Collection[bytes] = ()) -> bool:
+        """True while the store holds a block that continues `slot` (other than those in `gone`)."""
+        kids = self._kids.get(slot)
+        if not kids:
+            return False
+        live = {k for k in kids if self._held(k)}
+        if len(live) != len(kids):
+            if live:
+                self._kids[slot] = live
+            else:
+                del self._kids[slot]
+        return any(k not in gone for k in live)
+
+    def clear(self) -> None:
+        """Forget every link (the store dropped everything)."""
+        self._kids.clear()
 
 
 def pick_victims(
@@ -25,19 +77,23 @@ def pick_victims(
     priority: float,
     size_of: Callable[[bytes, int], int | None],
     keep: bytes | None = None,
+    lineage: Lineage | None = None,
+    protect: bytes | None = None,
 ) -> list[HeapEntry] | None:
     """Pop, lowest first, the heap entries to evict so that `need` more bytes fit in `capacity` (`used` now).
 
     `size_of(slot, seq)` is the size of the payload an entry stands for, or None when the entry is stale (the slot
     is gone or was touched since); stale entries are dropped from the heap on the way. Entries above `priority` are
-    never taken, nor `keep` (the slot being replaced). Returns the victims, popped from the heap (a store that
-    keeps them until its write succeeds pushes them back), or None, with the heap as it was, when the room cannot
-    be made.
+    never taken, nor `keep` (the slot being replaced), nor, with a `lineage`, a block that a held block continues
+    (it becomes a candidate once its children are victims) or `protect` (the incoming block's parent). Returns the
+    victims, popped from the heap (a store that keeps them until its write succeeds pushes them back), or None,
+    with the heap as it was, when the room cannot be made.
     """
     if used + need <= capacity:
         return []
-    popped: list[HeapEntry] = []
     victims: list[HeapEntry] = []
+    gone: set[bytes] = set()
+    held_back: list[HeapEntry] = []  # popped but not taken: pushed back at the end
     freed = 0
     while used - freed + need > capacity and heap:
         prio, seq, slot = heap[0]
@@ -47,15 +103,22 @@ def pick_victims(
             continue
         if prio > priority:
             break
-        popped.append(heapq.heappop(heap))
-        if slot != keep:
-            victims.append(popped[-1])
-            freed += size
+        entry = heapq.heappop(heap)
+        if slot == keep or (lineage is not None and (slot == protect or lineage.has_children(slot, gone))):
+            held_back.append(entry)
+            continue
+        victims.append(entry)
+        gone.add(slot)
+        freed += size
+        if lineage is not None and held_back:  # its parent may be a leaf now: look at the held-back ones again
+            for e in held_back:
+                if e[2] != keep:
+                    heapq.heappush(heap, e)
+            held_back = [e for e in held_back if e[2] == keep]
+    for entry in held_back:
+        heapq.heappush(heap, entry)
     if used - freed + need > capacity:
-        for entry in popped:  # not enough room without evicting more valuable state: change nothing
+        for entry in victims:  # not enough room without evicting more valuable state: change nothing
             heapq.heappush(heap, entry)
         return None
-    for entry in popped:
-        if entry[2] == keep:
-            heapq.heappush(heap, entry)
     return victims

@@ -121,19 +121,18 @@ class Hierarchy:
         return on_evict
 
     def default_priority(self, descriptor: StateDescriptor) -> float:
-        """Eviction priority when no `place` rule gives one: cost-aware (GreedyDual-Size-Frequency), leaf first.
+        """Eviction priority when no `place` rule gives one: cost-aware (GreedyDual-Size-Frequency).
 
         The tier's aging floor (the priority of the most valuable state it has evicted, so recent state outlives
         old state), plus the recompute time the model saves per byte weighted by reuse (so state that is expensive
-        to prefill outlives cheap state), minus a tiny amount per token of depth (so within one prefix the deepest
-        blocks go first and a prefix is never broken in the middle).
+        to prefill outlives cheap state). Among equals the least recently used goes first. Within one prefix
+        every store evicts leaves first whatever the priorities (its `Lineage`): no depth term is needed.
         """
         if self.config.eviction == "lru":
             return 0.0  # equal priorities: the tier evicts least recently used first
         page = self.config.page_size
         floor = getattr(self.tiers.get(descriptor.placement.tier), "floor", 0.0)
-        value = self.cost.value_per_byte(page, page, descriptor.usage.hits) * 1e6
-        return floor + value - descriptor.span.end * 1e-9
+        return floor + self.cost.value_per_byte(page, page, descriptor.usage.hits) * 1e6
 
     def _demote(self, tier: str, descriptor: StateDescriptor, payload: bytes | memoryview) -> None:
         """Move an evicted payload one tier down (in cost order) instead of losing it, where it fits."""
@@ -153,11 +152,20 @@ class Hierarchy:
         """Store a payload in its descriptor's tier and index it; False when the tier refused it.
 
         The payload must match the descriptor's checksum (a `ChecksumError` otherwise): nothing unverifiable
-        is ever stored.
+        is ever stored. A paged block whose prefix no tier holds is refused (`orphan`).
         """
         if not verify_checksum(payload, descriptor.checksum):
             raise ChecksumError(f"payload does not match checksum of block {descriptor.key}")
+        if self.orphan(descriptor):
+            return False
         return self.store(descriptor, payload, priority)
+
+    def orphan(self, descriptor: StateDescriptor) -> bool:
+        """True for a paged block whose prefix no tier holds: it would restore nothing and push out what would."""
+        if descriptor.parent_key is None or descriptor.layout.groups[descriptor.group].kind.checkpointed:
+            return False
+        held = self.index.get(bytes.fromhex(descriptor.parent_key))
+        return held is None or not held.mask_at() & (1 << descriptor.group)
 
     def store(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float,
               ttl_s: float | None = None) -> bool:  # fmt: skip

@@ -69,6 +69,7 @@ class WritePath:
         self.health = health
         self.policies = policies
         self.writer = Writer(self._write, config.writer_max_bytes, config.writer_max_items)
+        self.orphans = 0  # paged blocks not stored because no tier holds their prefix
 
     def describe(self, request: Request, block: int, payload: bytes | memoryview, *, tier: str, group: int = 0,
                  keys: Sequence[bytes] | None = None, **extra: Any) -> StateDescriptor:  # fmt: skip
@@ -120,13 +121,13 @@ class WritePath:
             data = bytes(payload)  # the engine may reuse its buffer; the queue owns a copy
             spec = tuple(specs.get((block, group), ()))
             work.append(WriteItem(len(data), (request, keys, block, group, data, spec)))
-        accepted = self.writer.submit(work)
+        accepted = self.writer.submit(work, tenant=request.tenant)
         return CommitResult(accepted=accepted, refused=len(work) - accepted)
 
     def promote(self, request: Request, states: Mapping[tuple[int, int], StoredState], source: str) -> None:
         """Queue a copy of state just read from `source` for the tier its place rules choose (best effort)."""
         promote = [_Promotion(request, st.descriptor, st.payload, source) for st in states.values()]
-        self.writer.submit([WriteItem(len(p.payload), p) for p in promote])  # may be refused: it is a copy
+        self.writer.submit([WriteItem(len(p.payload), p) for p in promote], tenant=request.tenant)  # may be refused
 
     def prefetch_move(self, slot: bytes, source: str, target: str, request: Request | None = None) -> bool:
         """A prefetch move that obeys the tenant's `place` rules, exactly as promotion on hit does.
@@ -169,6 +170,11 @@ class WritePath:
         h = self.hierarchy
         first = h.fastest
         desc = self.describe(request, block, data, tier=first, group=group, keys=keys, tensors=spec)
+        if h.orphan(desc):
+            self.orphans += 1  # its prefix is held nowhere: it would restore nothing and push out what would
+            log.debug("block not stored: its prefix is held nowhere", tenant=request.tenant, block=block,
+                      group=group, request_id=request.request_id)  # fmt: skip
+            return
         policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
         priority: float | None = None
         ttl_s: float | None = None

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from nexuskv import EvictionCallback, StateDescriptor, StoredState, hookimpl, pick_victims
+from nexuskv import EvictionCallback, Lineage, StateDescriptor, StoredState, hookimpl, parent_slot, pick_victims
 
 __all__ = ["DramStore"]
 
@@ -36,6 +36,7 @@ class DramStore:
         self.evictions = 0
         self.floor = 0.0  # priority of the most valuable payload evicted so far (GreedyDual's L)
         self._expires: dict[bytes, float] = {}  # slot -> monotonic deadline, only for payloads put with a TTL
+        self._lineage = Lineage(self.__contains__)  # a prefix is never dropped while its continuation stays
 
     def set_eviction_callback(self, callback: EvictionCallback | None) -> None:
         """Be told (slot, descriptor, payload) about every eviction."""
@@ -50,7 +51,9 @@ class DramStore:
             old = self._items.pop(slot, None)
             if old is not None:
                 self._used -= len(old[0])
-            if len(data) > self.capacity_bytes or not self._make_room(len(data), priority, evicted):
+            room = len(data) <= self.capacity_bytes and self._make_room(len(data), priority, evicted,
+                                                                        parent_slot(slot, descriptor))
+            if not room:
                 if old is not None:  # keep what was there rather than lose both
                     self._items[slot] = old
                     self._used += len(old[0])
@@ -59,6 +62,7 @@ class DramStore:
                 seq = next(self._seq)
                 self._items[slot] = (data, descriptor, priority, seq)
                 heapq.heappush(self._heap, (priority, seq, slot))
+                self._lineage.add(slot, descriptor)
                 self._used += len(data)
                 if ttl_s is not None:
                     self._expires[slot] = time.monotonic() + ttl_s
@@ -68,15 +72,16 @@ class DramStore:
         self._notify(evicted)
         return ok
 
-    def _make_room(self, need: int, priority: float, evicted: list[tuple[bytes, StateDescriptor, bytes]]) -> bool:
-        """Evict lowest-priority payloads (never above `priority`) until `need` bytes fit; all or nothing."""
+    def _make_room(self, need: int, priority: float, evicted: list[tuple[bytes, StateDescriptor, bytes]],
+                   protect: bytes | None = None) -> bool:  # fmt: skip
+        """Evict lowest-priority payloads (never above `priority`, leaves first) until `need` bytes fit, or nothing."""
 
         def size_of(slot: bytes, seq: int) -> int | None:
             item = self._items.get(slot)
             return len(item[0]) if item is not None and item[3] == seq else None
 
         victims = pick_victims(self._heap, used=self._used, need=need, capacity=self.capacity_bytes,
-                               priority=priority, size_of=size_of)  # fmt: skip
+                               priority=priority, size_of=size_of, lineage=self._lineage, protect=protect)  # fmt: skip
         if victims is None:
             return False
         for prio, _, slot in victims:
@@ -152,6 +157,7 @@ class DramStore:
             self._items.clear()
             self._expires.clear()
             self._heap.clear()
+            self._lineage.clear()
             self._used = 0
 
 

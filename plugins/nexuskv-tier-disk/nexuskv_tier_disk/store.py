@@ -22,7 +22,16 @@ from typing import Any
 import numpy as np
 from attrs import Factory, define
 
-from nexuskv import ConfigError, EvictionCallback, StateDescriptor, StoredState, get_logger, pick_victims
+from nexuskv import (
+    ConfigError,
+    EvictionCallback,
+    Lineage,
+    StateDescriptor,
+    StoredState,
+    get_logger,
+    parent_slot,
+    pick_victims,
+)
 from nexuskv_tier_disk import _private as fmt
 from nexuskv_tier_disk import codec as codecs
 
@@ -134,6 +143,7 @@ class DiskStore:
         self._closed = False
         self._stopping = False
         self._on_evict: EvictionCallback | None = None
+        self._lineage = Lineage(lambda s: s in self._items)  # a prefix is never dropped while its continuation stays
 
         fmt.private_dirs(self.path)
         self._lock_fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, fmt.FILE_MODE)
@@ -186,7 +196,8 @@ class DiskStore:
             old = self._items.pop(slot, None)
             if old is not None:
                 self._used -= old.size
-            if need > self.capacity_bytes or not self._make_room(need, priority, evicted):
+            parent = parent_slot(slot, descriptor)
+            if need > self.capacity_bytes or not self._make_room(need, priority, evicted, parent):
                 if old is not None:  # keep what was there rather than lose both
                     self._items[slot] = old
                     self._used += old.size
@@ -195,6 +206,7 @@ class DiskStore:
                 seq = next(self._seq)
                 self._items[slot] = _Entry(descriptor, priority, seq, seq, need, expires, data)
                 heapq.heappush(self._heap, (priority, seq, slot))
+                self._lineage.add(slot, descriptor)
                 self._used += need
                 self._jobs.append(("write", slot, seq, data, meta))
                 self._queued_writes += 1
@@ -359,14 +371,14 @@ class DiskStore:
         self._used -= e.size
         self._unlink(self._file(slot))
 
-    def _make_room(self, need: int, priority: float, evicted: list[_Evicted]) -> bool:
-        """Evict lowest-priority payloads (never above `priority`) until `need` bytes fit; all or nothing."""
+    def _make_room(self, need: int, priority: float, evicted: list[_Evicted], protect: bytes | None = None) -> bool:
+        """Evict lowest-priority payloads (never above `priority`, leaves first) until `need` bytes fit, or nothing."""
         def size_of(slot: bytes, seq: int) -> int | None:
             e = self._items.get(slot)
             return e.size if e is not None and e.seq == seq else None
 
         victims = pick_victims(self._heap, used=self._used, need=need, capacity=self.capacity_bytes,
-                               priority=priority, size_of=size_of)  # fmt: skip
+                               priority=priority, size_of=size_of, lineage=self._lineage, protect=protect)  # fmt: skip
         if victims is None:
             return False
         for prio, _, slot in victims:
@@ -580,6 +592,7 @@ class DiskStore:
         for _, slot, e in found:
             e.seq = e.gen = next(self._seq)
             self._items[slot] = e
+            self._lineage.add(slot, e.descriptor)
             self._used += e.size
             self._heap.append((e.priority, e.seq, slot))
         heapq.heapify(self._heap)

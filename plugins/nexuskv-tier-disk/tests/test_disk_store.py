@@ -311,3 +311,12 @@ def test_every_file_and_directory_the_store_creates_is_private(tmp_path, open_st
     assert ".lock" in names and len(names) == 4
     for name in names:
         assert stat.S_IMODE(os.stat(path / name).st_mode) == 0o600, name
+
+
+def test_a_chain_larger_than_the_store_keeps_its_prefix_whatever_the_priorities(tmp_path, open_store):
+    import itertools
+
+    from nexuskv.testing import prefix_problems
+
+    n = itertools.count()
+    assert prefix_problems(lambda cap: open_store(cap, path=str(tmp_path / f"s{next(n)}")), size=4096, flush=True) == []

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from nexuskv import EvictionCallback, StateDescriptor, StoredState, get_logger, pick_victims
+from nexuskv import EvictionCallback, Lineage, StateDescriptor, StoredState, get_logger, parent_slot, pick_victims
 from nexuskv_tier_redis._private import (
     META,
     TOKEN,
@@ -95,6 +95,7 @@ class RedisStore:
                                    password=password)  # fmt: skip
         self._where = where(self._client)
         self._entries: dict[bytes, Entry] = {}
+        self._lineage = Lineage(lambda s: s in self._entries)  # a prefix is never dropped while its continuation stays
         self._heap: list[tuple[float, int, bytes]] = []
         self._deadlines: list[tuple[float, int, bytes]] = []  # (expires, seq, slot) of payloads with a TTL
         self._seq = itertools.count()
@@ -201,6 +202,9 @@ class RedisStore:
             gone: _Evicted = [(s, e.descriptor, None) for s, e in self._entries.items()
                               if s not in found or found[s].token != e.token]  # fmt: skip
             self._entries = found
+            self._lineage.clear()
+            for s, e in found.items():
+                self._lineage.add(s, e.descriptor)
             self._used = sum(e.size for e in found.values())
             self._compact()
         if gone:
@@ -252,7 +256,8 @@ class RedisStore:
             with self._lock:
                 self._purge_expired(expired)
                 old = self._entries.get(slot)
-                victims = self._victims(size - (old.size if old is not None else 0), priority, slot)
+                victims = self._victims(size - (old.size if old is not None else 0), priority, slot,
+                                        parent_slot(slot, descriptor))
             if victims is None:
                 self._notify(expired)
                 return False
@@ -290,6 +295,7 @@ class RedisStore:
                         evicted.append((s[1], v.descriptor, None))
                 self._forget(slot, self._entries.get(slot))
                 self._entries[slot] = entry
+                self._lineage.add(slot, descriptor)
                 self._used += size
                 heapq.heappush(self._heap, (priority, entry.seq, slot))
                 if entry.expires is not None:
@@ -315,15 +321,16 @@ class RedisStore:
             if e is not None and e.expires is not None and e.expires <= now and self._forget(slot, e):
                 out.append((slot, e.descriptor, None))
 
-    def _victims(self, need: int, priority: float, slot: bytes) -> list[Entry] | None:
-        """Entries to evict (never above `priority`, never `slot`) so `need` more bytes fit; None if impossible."""
+    def _victims(self, need: int, priority: float, slot: bytes, protect: bytes | None = None) -> list[Entry] | None:
+        """Entries to evict (never above `priority`, never `slot`, leaves first) so `need` more bytes fit, or None."""
 
         def size_of(s: bytes, seq: int) -> int | None:
             e = self._entries.get(s)
             return e.size if e is not None and e.seq == seq else None
 
         picked = pick_victims(self._heap, used=self._used, need=need, capacity=self.capacity_bytes,
-                              priority=priority, size_of=size_of, keep=slot)  # fmt: skip
+                              priority=priority, size_of=size_of, keep=slot, lineage=self._lineage,
+                              protect=protect)  # fmt: skip
         if picked is None:
             return None
         for item in picked:  # the entries stay until the write succeeded; their heap entries too

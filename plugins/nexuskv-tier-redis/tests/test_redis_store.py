@@ -159,3 +159,19 @@ def test_verify_crc_drops_bytes_changed_behind_the_stores_back(make_store, redis
     redis_server.client().hset(store.key_of(s, "acme"), b"1", bytes(100))  # same length, other bytes
     assert store.get(s) is None and seen == [s]
     assert not redis_server.client().exists(store.key_of(s, "acme"))
+
+
+def test_a_chain_larger_than_the_store_keeps_its_prefix_whatever_the_priorities(make_store, prefix, redis_server):
+    import itertools
+
+    from nexuskv.testing import prefix_problems
+
+    n = itertools.count()
+    try:
+        assert prefix_problems(lambda cap: make_store(capacity_bytes=cap, prefix=f"{prefix}x{next(n)}")) == []
+    finally:
+        client = redis_server.client()
+        keys = list(client.scan_iter(match=f"{prefix}x*"))
+        if keys:
+            client.delete(*keys)
+        client.close()

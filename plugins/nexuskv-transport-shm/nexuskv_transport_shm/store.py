@@ -17,7 +17,17 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
-from nexuskv import EvictionCallback, StateDescriptor, StoredState, from_dict, get_logger, pick_victims, to_dict
+from nexuskv import (
+    EvictionCallback,
+    Lineage,
+    StateDescriptor,
+    StoredState,
+    from_dict,
+    get_logger,
+    parent_slot,
+    pick_victims,
+    to_dict,
+)
 from nexuskv_transport_shm import _private as p
 
 __all__ = ["DEFAULT_DIR", "ShmStore"]
@@ -66,6 +76,7 @@ class ShmStore:
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._own: dict[bytes, tuple[int, float, int, int]] = {}  # slot -> (nbytes, priority, seq, inode)
+        self._lineage = Lineage(lambda s: s in self._own)  # a prefix is never dropped while its continuation stays
         self._heap: list[tuple[float, int, bytes]] = []
         self._seq = itertools.count()
         self._used = 0
@@ -203,7 +214,7 @@ class ShmStore:
             old = self._own.pop(slot, None)
             if old is not None:
                 self._used -= old[0]
-            if not self._make_room(nbytes, priority, evicted):
+            if not self._make_room(nbytes, priority, evicted, parent_slot(slot, descriptor)):
                 if old is not None:
                     self._own[slot] = old
                     self._used += old[0]
@@ -224,19 +235,21 @@ class ShmStore:
                     seq = next(self._seq)
                     self._own[slot] = (nbytes, priority, seq, ino)
                     heapq.heappush(self._heap, (priority, seq, slot))
+                    self._lineage.add(slot, descriptor)
                     self._used += nbytes
                     ok = True
         self._notify(evicted)
         return ok
 
-    def _make_room(self, need: int, priority: float, evicted: list) -> bool:  # type: ignore[type-arg]
-        """Evict own segments of priority <= `priority` (lowest first) until `need` more bytes fit; all or nothing."""
+    def _make_room(self, need: int, priority: float, evicted: list,  # type: ignore[type-arg]
+                   protect: bytes | None = None) -> bool:  # fmt: skip
+        """Evict own segments of priority <= `priority` (lowest, leaves first) until `need` more bytes fit, or none."""
         def size_of(slot: bytes, seq: int) -> int | None:
             item = self._own.get(slot)
             return item[0] if item is not None and item[2] == seq else None
 
         victims = pick_victims(self._heap, used=self._used, need=need, capacity=self.capacity_bytes,
-                               priority=priority, size_of=size_of)  # fmt: skip
+                               priority=priority, size_of=size_of, lineage=self._lineage, protect=protect)  # fmt: skip
         if victims is None:
             return False
         for prio, _, slot in victims:

@@ -214,3 +214,23 @@ def test_every_segment_and_lease_file_is_private(store, ns):
     assert len(names) == 3  # two segments and the lease record
     for name in names:
         assert stat.S_IMODE(os.stat(SHM / name).st_mode) == 0o600, name
+
+
+def test_a_chain_larger_than_the_store_keeps_its_prefix_whatever_the_priorities(ns):
+    import itertools
+
+    from nexuskv.testing import prefix_problems
+
+    n = itertools.count()
+    names = []
+
+    def make(cap):
+        names.append(f"{ns}x{next(n)}")
+        return ShmStore(cap, namespace=names[-1], lease_ttl_s=5, reap_interval_s=3600)
+
+    try:
+        assert prefix_problems(make) == []
+    finally:
+        for name in names:
+            for f in ours(name):
+                (SHM / f).unlink(missing_ok=True)
