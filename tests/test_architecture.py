@@ -26,7 +26,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("kernel parts", {"control", "keying", "decisions", "hierarchy", "sharing"}),
     ("request paths", {"writepath", "loadpath", "readpath"}),
     ("facade", {"kernel"}),
-    ("applications", {"", "replay", "_demo", "cli", "testing", "builtins", "builtins.dram", "builtins.local",
+    ("applications", {"", "replay", "_demo", "cli", "testing", "stress", "builtins", "builtins.dram", "builtins.local",
                       "builtins.matcher", "builtins.embedded"}),
 ]  # fmt: skip
 

@@ -79,3 +79,83 @@ def test_a_session_plan_for_an_image_turn_never_restores_the_text_only_state():
         assert plan.tokens_reused == 32  # blocks 0 and 1: the same tokens and no image yet
         got = k.materialize(plan, image)
         assert got.complete and sorted(got.states) == [(0, 0), (1, 0)]
+
+
+# ------------------------------------------------------------------------------------------ the deadline is checked
+# A fake clock moves 0.1 ms on every reading, so "time" is the number of readings: deterministic on any machine.
+
+
+class TickClock:
+    def __init__(self, tick_s: float = 1e-4) -> None:
+        self.now = 1000.0
+        self.tick = tick_s
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def _big(n_blocks: int, kind: str = "dense", tenant: str = "acme"):
+    from tests.conftest import layout_of
+
+    return make_request([(i * 7919) % 30_000 for i in range(16 * n_blocks)], tenant=tenant, layout=layout_of(kind))
+
+
+def test_a_cold_long_request_stops_hashing_when_its_deadline_passes(monkeypatch):
+    import time
+
+    with Kernel(KernelConfig(node="n1"), secret=SECRET) as k:
+        req = _big(2048)
+        from nexuskv import BlockKeyer
+
+        chunks = []
+        real = BlockKeyer.extend
+        monkeypatch.setattr(BlockKeyer, "extend", lambda *a, **kw: chunks.append(1) or real(*a, **kw))
+        monkeypatch.setattr(time, "perf_counter", TickClock())
+        plan = k.plan(req, deadline_ms=0.35)
+        monkeypatch.undo()
+        assert plan.action == PlanAction.RECOMPUTE and plan.reasons == ("fail-open: deadline 0.35 ms passed in keys",)
+        assert len(chunks) <= 3  # of 32 chunks: the check runs between chunks, not once after the stage
+        assert k.reads.deadline_fallbacks == 1
+
+
+def test_the_match_and_the_checkpoint_scan_stop_when_the_deadline_passes(monkeypatch):
+    import time
+
+    with Kernel(KernelConfig(node="n1"), secret=SECRET) as k:
+        dense, rec = _big(2048), _big(2048, kind="recurrent")
+        k.index.insert_many(k.keys(dense), __import__("nexuskv").Location("dram", "n1", k.epoch))
+        k.index.insert_many(k.keys(rec), __import__("nexuskv").Location("dram", "n1", k.epoch))
+        keys_d, keys_r = k.keys(dense), k.keys(rec)
+        monkeypatch.setattr(time, "perf_counter", TickClock())
+        p1 = k.plan(dense, keys=keys_d, deadline_ms=0.25)
+        from nexuskv.index import _MATCH_CHUNK
+
+        reads = -(-2048 // _MATCH_CHUNK)  # readings of the match; then one check, one in candidates, 8 in the scan
+        late = round((reads + 3.5) * 0.1, 2)  # passes at the second reading of the checkpoint scan
+        p2 = k.plan(rec, keys=keys_r, deadline_ms=late)
+        monkeypatch.undo()
+    assert p1.reasons == ("fail-open: deadline 0.25 ms passed in match",)
+    assert p2.reasons == (f"fail-open: deadline {late:g} ms passed in plan (checkpoints)",)
+
+
+def test_shared_scopes_stop_when_the_deadline_passes_and_the_own_plan_stands(monkeypatch):
+    import time
+
+    cfg = KernelConfig(node="n1", policies=POLICIES, tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"}})
+    with Kernel(cfg, secret=SECRET) as k:
+        docs = make_request(range(16 * 600), tenant="rag", scope="docs", model=MODEL)
+        k.index.insert_many(k.keys(docs), __import__("nexuskv").Location("dram", "n1", k.epoch))
+        question = make_request(range(16 * 600), tenant="chat", model=MODEL)
+        keys = k.keys(question)
+        from nexuskv import BlockKeyer
+
+        held = []  # the own keys are given: only the shared scope hashes
+        orig = BlockKeyer.extend
+        monkeypatch.setattr(BlockKeyer, "extend", lambda *a, **kw: held.append(1) or orig(*a, **kw))
+        monkeypatch.setattr(time, "perf_counter", TickClock())
+        plan = k.plan(question, keys=keys, deadline_ms=0.6)
+        monkeypatch.undo()
+    assert plan.action == PlanAction.RECOMPUTE and plan.namespace is None  # its own (empty) plan, not a fallback
+    assert not plan.reasons[0].startswith("fail-open")
+    assert len(held) < 600 // 64  # the shared scope's keys were not all hashed

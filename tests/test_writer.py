@@ -211,7 +211,7 @@ def test_one_tenant_flat_out_cannot_starve_the_others():
 
 
 def test_a_lone_tenant_may_use_the_whole_queue(writers):
-    w, sink = blocked_writer(writers, max_items=5)
+    w, _sink = blocked_writer(writers, max_items=5)
     assert submit_without_blocking(w, [WriteItem(1, i) for i in range(10)]) == 5
     assert w.by_tenant[""] == {"accepted": 6, "refused": 5, "written": 0, "failed": 0}
 
@@ -219,7 +219,7 @@ def test_a_lone_tenant_may_use_the_whole_queue(writers):
 def test_refusals_are_logged_per_tenant(writers):
     import structlog
 
-    w, sink = blocked_writer(writers, max_items=2)
+    w, _sink = blocked_writer(writers, max_items=2)
     with structlog.testing.capture_logs() as logs:
         w.submit([WriteItem(1, "a")] * 5, tenant="acme")
         w.submit([WriteItem(1, "b")] * 5, tenant="globex")

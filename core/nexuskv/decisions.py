@@ -13,13 +13,16 @@ import threading
 import time
 from typing import Any
 
-from nexuskv.contracts import Plan, to_dict
+import attrs
+
+from nexuskv.contracts import Plan, Predicted
 from nexuskv.logs import get_logger
 from nexuskv.plugins import PluginManager
 
 __all__ = ["DecisionLog"]
 
 log = get_logger("nexuskv.kernel")  # the decision lines keep the logger name operators filter on
+_PREDICTED = tuple(f.name for f in attrs.fields(Predicted))  # the record's `predicted`, without a generic walk
 
 
 class DecisionLog:
@@ -48,7 +51,8 @@ class DecisionLog:
                   "action": plan.action.value, "tokens_total": plan.tokens_total,
                   "tokens_reused": plan.tokens_reused, "policy_revision": plan.policy_revision,
                   "epoch": plan.epoch, "rules": list(plan.rules), "reasons": list(plan.reasons),
-                  "predicted": to_dict(plan.predicted), "plan_ms": round((time.perf_counter() - t0) * 1e3, 4),
+                  "predicted": {n: getattr(plan.predicted, n) for n in _PREDICTED},
+                  "plan_ms": round((time.perf_counter() - t0) * 1e3, 4),
                   "fallback": fallback}  # fmt: skip
         log.info("decision", **record)
         if self._observers:

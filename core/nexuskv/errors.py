@@ -45,3 +45,11 @@ class PluginError(NexusKVError):
 
 class ChecksumError(NexusKVError):
     """A payload does not match the checksum of its descriptor."""
+
+
+class DeadlinePassed(NexusKVError):
+    """A plan's deadline passed during a stage (keys, match, ...); the read path answers `recompute`."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(stage)
+        self.stage = stage

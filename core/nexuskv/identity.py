@@ -20,7 +20,7 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -188,25 +188,20 @@ class BlockKeyer:
         """Continue a chain from `parent` over full blocks of `token_ids`, which start at position `offset`."""
         data = _token_bytes(token_ids)
         step = self.page_size * 4
-        end = len(data) - len(data) % step
         extras = _extras_by_block(extra_inputs, self.page_size, offset)
-        new_hash = _CHAIN.copy  # copying a configured hasher beats constructing one per block
-        out: list[bytes] = []
-        append = out.append
-        if not extras:
-            for chunk in [data[off : off + step] for off in range(0, end, step)]:
-                h = new_hash()
-                h.update(parent)
-                h.update(chunk)
-                parent = h.digest()
-                append(parent)
-            return out
-        for i, off in enumerate(range(0, end, step)):
-            h = new_hash()
-            h.update(parent + data[off : off + step] + extras.get(i, b""))
-            parent = h.digest()
-            append(parent)
-        return out
+        return _chain(parent, data, 0, len(data) - len(data) % step, step, extras)
+
+    def chunks(self, parent: bytes, token_ids: Sequence[int], extra_inputs: Iterable[ExtraInput] = (),
+               blocks: int = 32) -> Iterator[list[bytes]]:  # fmt: skip
+        """`extend(parent, token_ids, extra_inputs)` in pieces of `blocks` keys: a caller can stop between them."""
+        data = _token_bytes(token_ids)
+        step = self.page_size * 4
+        extras = _extras_by_block(extra_inputs, self.page_size, 0)
+        end = len(data) - len(data) % step
+        for start in range(0, end, step * blocks):
+            got = _chain(parent, data, start, min(end, start + step * blocks), step, extras)
+            parent = got[-1]
+            yield got
 
     def request_keys(self, request: Request) -> list[bytes]:
         """Block keys of a request (root from its identity, extras mixed into their blocks)."""
@@ -215,6 +210,27 @@ class BlockKeyer:
     def chain(self, root: bytes) -> KeyChain:
         """An incremental chain starting at `root`, for sessions whose tokens arrive over time."""
         return KeyChain(self, root)
+
+
+def _chain(parent: bytes, data: bytes, start: int, end: int, step: int, extras: dict[int, bytes]) -> list[bytes]:
+    """Chained block keys over `data[start:end]` (blocks of `step` bytes; `extras` by block index from 0)."""
+    new_hash = _CHAIN.copy  # copying a configured hasher beats constructing one per block
+    out: list[bytes] = []
+    append = out.append
+    if not extras:
+        for chunk in [data[off : off + step] for off in range(start, end, step)]:
+            h = new_hash()
+            h.update(parent)
+            h.update(chunk)
+            parent = h.digest()
+            append(parent)
+        return out
+    for off in range(start, end, step):
+        h = new_hash()
+        h.update(parent + data[off : off + step] + extras.get(off // step, b""))
+        parent = h.digest()
+        append(parent)
+    return out
 
 
 def _extras_by_block(extra_inputs: Iterable[ExtraInput], page_size: int, offset: int) -> dict[int, bytes]:
@@ -299,8 +315,11 @@ class PlanSeal:
                    plan.schema_version)  # fmt: skip
         return hashlib.blake2b(repr(content).encode(), key=self._key, digest_size=16).hexdigest()
 
-    def seal(self, plan: Plan) -> Plan:
-        """`plan` with its MAC filled in."""
+    def seal(self, plan: Plan, *, fresh: bool = False) -> Plan:
+        """`plan` with its MAC filled in; `fresh=True` fills in a plan nobody else has seen yet, in place."""
+        if fresh:
+            object.__setattr__(plan, "mac", self.mac(plan))  # frozen, but not yet shared: no copy on the hot path
+            return plan
         return attrs.evolve(plan, mac=self.mac(plan))
 
     def check(self, plan: Plan) -> bool:

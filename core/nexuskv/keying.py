@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from nexuskv.contracts import ExtraInput, Namespace, Request
-from nexuskv.errors import ConfigError
+from nexuskv.errors import ConfigError, DeadlinePassed
 from nexuskv.identity import BlockKeyer, KeyChain
 from nexuskv.kinds import group_masks
 
-__all__ = ["Keys"]
+__all__ = ["CHUNK_BLOCKS", "Keys"]
+
+CHUNK_BLOCKS = 32
+"""Blocks hashed between two deadline checks (about 25 us of hashing)."""
 
 
 def _keyed(extras: Iterable[ExtraInput], tokens: int) -> list[tuple[int, str]]:
@@ -38,12 +42,24 @@ class Keys:
         """The page size every request's layout must use."""
         return self.keyer.page_size
 
-    def keys(self, request: Request) -> list[bytes]:
-        """Block keys of every full block of the request (its layout's page size must be the kernel's)."""
+    def keys(self, request: Request, deadline: float | None = None) -> list[bytes]:
+        """Block keys of every full block of the request (its layout's page size must be the kernel's).
+
+        With a `deadline` (a `time.perf_counter()` value) the chain is hashed in chunks of `CHUNK_BLOCKS` and
+        `DeadlinePassed` is raised between chunks once it has passed.
+        """
         if request.layout.page_size != self.keyer.page_size:
             raise ConfigError(f"request {request.request_id}: layout page_size {request.layout.page_size} "
                               f"is not the kernel's page_size {self.keyer.page_size}")  # fmt: skip
-        return self.keyer.request_keys(request)
+        if deadline is None:
+            return self.keyer.request_keys(request)
+        out: list[bytes] = []
+        for got in self.keyer.chunks(self.keyer.request_root(request), request.token_ids, request.extra_inputs,
+                                     CHUNK_BLOCKS):  # fmt: skip
+            if time.perf_counter() > deadline:
+                raise DeadlinePassed("keys")
+            out.extend(got)
+        return out
 
     def session(self, request: Request) -> KeyChain:
         """A key chain for a session that will grow by appending tokens (multi-turn chat, agent loops)."""
@@ -51,34 +67,46 @@ class Keys:
         chain.extend(request.token_ids, request.extra_inputs)
         return chain
 
-    def keys_for(self, request: Request, session: str | None = None) -> list[bytes]:
+    def keys_for(self, request: Request, session: str | None = None, deadline: float | None = None) -> list[bytes]:
         """Block keys of a request; with `session`, continue that session's cached chain (multi-turn chat).
 
         The cached chain is reused only when the request's tokens start with every token it has seen, under
         the same identity, with the same extra inputs in the blocks it has keyed; otherwise the keys are
-        computed afresh and replace it. Either way the keys are exactly `keys(request)`.
+        computed afresh and replace it. Either way the keys are exactly `keys(request)`. With a `deadline`,
+        `DeadlinePassed` is raised once it passes (waiting for the session, or between chunks); the chain keeps
+        what was hashed, so the next turn goes on from there.
         """
         if session is None:
-            return self.keys(request)
+            return self.keys(request, deadline)
         toks = request.token_ids
         extras = request.extra_inputs
         root = self.keyer.request_root(request)
-        with self._lock:
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.perf_counter())
+        if not self._lock.acquire(timeout=wait):
+            raise DeadlinePassed("keys (session busy)")
+        try:
             got = self._sessions.get(session)
             if got is not None:
                 chain, seen, seen_extras = got
-                if (chain.root == root and len(seen) <= len(toks) and toks[: len(seen)] == seen
+                if not (chain.root == root and len(seen) <= len(toks) and toks[: len(seen)] == seen
                         and _keyed(seen_extras, chain.tokens) == _keyed(extras, chain.tokens)):  # fmt: skip
-                    chain.extend(toks[len(seen):], extras)
-                    self._sessions[session] = (chain, toks, extras)
-                    self._sessions.move_to_end(session)
-                    return list(chain.keys)  # a copy: the chain keeps growing
-            chain = self.keyer.chain(root)
-            chain.extend(toks, extras)
+                    got = None
+            if got is None:
+                chain, seen = self.keyer.chain(root), ()
+                self._sessions[session] = (chain, seen, extras)
+                while len(self._sessions) > self.session_cache:
+                    self._sessions.popitem(last=False)
+            self._sessions.move_to_end(session)
+            step = CHUNK_BLOCKS * self.keyer.page_size
+            for start in range(len(seen), len(toks), step):
+                if deadline is not None and time.perf_counter() > deadline:
+                    self._sessions[session] = (chain, toks[:start], extras)  # what the chain has taken in
+                    raise DeadlinePassed("keys")
+                chain.extend(toks[start : start + step], extras)
             self._sessions[session] = (chain, toks, extras)
-            while len(self._sessions) > self.session_cache:
-                self._sessions.popitem(last=False)
-            return list(chain.keys)
+            return list(chain.keys)  # a copy: the chain keeps growing
+        finally:
+            self._lock.release()
 
     def under(self, namespace: Namespace, request: Request) -> list[bytes]:
         """The request's keys as if it were made in `namespace` (state another tenant shares)."""
@@ -86,23 +114,29 @@ class Keys:
         return self.keyer.keys(root, request.token_ids, request.extra_inputs)
 
     def held_prefix(self, namespace: Namespace, request: Request, held: Callable[[bytes], object],
-                    chunk: int = 8) -> list[bytes]:  # fmt: skip
+                    chunk: int = 8, deadline: float | None = None) -> list[bytes]:  # fmt: skip
         """Keys under `namespace` in doubling chunks, stopping after the first chunk with a block nobody holds.
 
         Looking for shared state costs one small chunk of hashing when there is none (`held(key)` is None for a
-        block nobody holds). Checkpointed layouts can restore past a gap, so they get every key.
+        block nobody holds). Checkpointed layouts can restore past a gap, so they get every key. With a
+        `deadline`, `DeadlinePassed` is raised between chunks once it has passed.
         """
         root = self.keyer.root(namespace, request.model, request.tokenizer, request.layout)
         if request.extra_inputs or group_masks(request.layout.groups)[1]:
-            return self.keyer.keys(root, request.token_ids, request.extra_inputs)
+            chunk = CHUNK_BLOCKS  # every key, still in bounded chunks
         page = request.layout.page_size
         toks: Sequence[int] = request.token_ids
+        extras = request.extra_inputs
+        every = bool(extras) or bool(group_masks(request.layout.groups)[1])
         keys: list[bytes] = []
         while len(keys) * page + page <= len(toks):
+            if deadline is not None and time.perf_counter() > deadline:
+                raise DeadlinePassed("shared state keys")
             start = len(keys) * page
-            new = self.keyer.extend(keys[-1] if keys else root, toks[start : start + chunk * page], offset=start)
+            new = self.keyer.extend(keys[-1] if keys else root, toks[start : start + chunk * page], extras,
+                                    offset=start)  # fmt: skip
             keys.extend(new)
-            if not new or any(held(k) is None for k in new):
+            if not new or (not every and any(held(k) is None for k in new)):
                 break
-            chunk *= 2
+            chunk = min(chunk * 2, CHUNK_BLOCKS) if deadline is not None else chunk * 2
         return keys

@@ -8,6 +8,7 @@ and its reuse rules allow it. Same inputs, same plan: ties break on fewer tokens
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,11 +16,20 @@ from attrs import define, field
 
 from nexuskv.contracts import Namespace, Plan, PlanAction, PlanSpan, Predicted, Request
 from nexuskv.cost import CostModel, gain
+from nexuskv.errors import DeadlinePassed
 from nexuskv.health import Health
 from nexuskv.index import Holding, Match
 from nexuskv.kinds import group_masks
 
-__all__ = ["Candidate", "PlanDetail", "Planner"]
+__all__ = ["Candidate", "PlanDetail", "Planner", "check"]
+
+_CHECK_EVERY = 256  # blocks between two deadline checks in the planner's Python loops
+
+
+def check(deadline: float | None, stage: str) -> None:
+    """Raise `DeadlinePassed(stage)` when the `time.perf_counter()` deadline has passed."""
+    if deadline is not None and time.perf_counter() > deadline:
+        raise DeadlinePassed(stage)
 
 
 @define(frozen=True)
@@ -86,8 +96,13 @@ class Planner:
         inflight: Mapping[str, float] | None = None,
         bandwidth_scale: Mapping[str, float] | None = None,
         max_blocks: int | None = None,
+        deadline: float | None = None,
     ) -> list[Candidate]:
-        """Every candidate cut worth pricing, priced; the empty cut (recompute all) first."""
+        """Every candidate cut worth pricing, priced; the empty cut (recompute all) first.
+
+        With a `deadline` (a `time.perf_counter()` value), `DeadlinePassed` is raised inside the long loops.
+        """
+        check(deadline, "plan (sources)")
         # Asked once per call and passed down: concurrent plans never share this snapshot.
         healthy = frozenset(t for t in self.tier_order if self.health.allow(t))
         layout = request.layout
@@ -129,21 +144,26 @@ class Planner:
             start += n
         cuts = {r[0] for r in runs[1:]} | {end}  # tier boundaries, and the longest cut
         if ckpt:  # checkpointed groups: only blocks with a checkpoint (of every such group) are cuts
-            cuts = self._checkpoint_cuts(entries, end, ckpt, node, cuts, healthy)
+            cuts = self._checkpoint_cuts(entries, end, ckpt, node, cuts, healthy, deadline)
         scale = bandwidth_scale
         out = [self._price(0, (), node, inflight, scale, layout.page_size, entries, ckpt, healthy)]
         for b in sorted(c for c in cuts if c > 0):
+            check(deadline, "plan (pricing)")
             cut_runs = tuple((f, min(e, b), t, n) for f, e, t, n in runs if f < b and t)
             out.append(self._price(b, cut_runs, node, inflight, scale, layout.page_size, entries, ckpt, healthy))
         return out
 
-    def _checkpoint_cuts(self, entries: Sequence[Holding | None], end: int, ckpt: int, node: str,
-                         marks: set[int], healthy: frozenset[str]) -> set[int]:  # fmt: skip
+    def _checkpoint_cuts(self, entries: Sequence[Holding | None], end: int, ckpt: int, node: str, marks: set[int],
+                         healthy: frozenset[str], deadline: float | None = None) -> set[int]:  # fmt: skip
         """Checkpoint cuts: the last checkpoint before each paged boundary, and the last one in each tier.
 
         An earlier checkpoint in a fast tier can beat the last one in a slow tier, so each healthy tier's is priced.
         """
-        ck = [b for b in range(1, end + 1) if self._best_source(entries[b - 1], ckpt, node, healthy) is not None]
+        ck: list[int] = []
+        for first in range(1, end + 1, _CHECK_EVERY):
+            check(deadline, "plan (checkpoints)")
+            ck.extend(b for b in range(first, min(end + 1, first + _CHECK_EVERY))
+                      if self._best_source(entries[b - 1], ckpt, node, healthy) is not None)  # fmt: skip
         cuts = {max((b for b in ck if b <= m), default=0) for m in marks}
         found: dict[str, int] = {}
         for b in reversed(ck):
@@ -238,6 +258,7 @@ def decide(
     bandwidth_scale: Mapping[str, float] | None = None,
     prefetch_target: str = "",
     shared_from: Namespace | None = None,
+    deadline: float | None = None,
 ) -> Decision:
     """Price the candidates, apply the tenant's reuse rules and minimum gain, and choose.
 
@@ -249,7 +270,8 @@ def decide(
     from nexuskv.policy.model import Candidate as MatchView  # the view reuse rules see as `match`
 
     page = request.layout.page_size
-    cands = planner.candidates(request, match, node=node, inflight=inflight, bandwidth_scale=bandwidth_scale)
+    cands = planner.candidates(request, match, node=node, inflight=inflight, bandwidth_scale=bandwidth_scale,
+                               deadline=deadline)  # fmt: skip
     reasons: list[str] = []
     rules: list[str] = []
     verdicts: list[Any] = []
@@ -269,6 +291,7 @@ def decide(
         if policy is None:
             chosen = cand
             break
+        check(deadline, "plan (reuse rules)")
         verdict = _reuse_verdict(policy, request, cand, node, page, MatchView, shared_from)
         verdicts.append(verdict)
         rules.extend(r for r in verdict.deciding if r not in rules)
@@ -280,7 +303,7 @@ def decide(
         reasons.append(f"policy: {', '.join(verdict.deciding) or 'reuse'} "
                        + (f"caps reuse at {cap * page} tokens" if cap else "refuses this candidate"))  # fmt: skip
         if cap:
-            capped = [c for c in planner.candidates(request, match, node=node, inflight=inflight,
+            capped = [c for c in planner.candidates(request, match, node=node, inflight=inflight, deadline=deadline,
                                                     bandwidth_scale=bandwidth_scale, max_blocks=cap) if c.blocks]
             if capped:
                 alt = best(capped)

@@ -60,6 +60,8 @@ class Prefetcher:
         self._cv = threading.Condition()
         self._closed = False
         self._active: PrefetchTask | None = None  # the task on the worker now, cancelled or not
+        self._proposals: list[tuple[Any, ...]] = []  # spans planners proposed, listed into tasks on this thread
+        self._listing = False  # the worker is turning proposals into tasks
         self.stats = {"submitted": 0, "deduplicated": 0, "refused": 0, "done": 0, "failed": 0, "expired": 0,
                       "cancelled": 0, "bytes_moved": 0}  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="nexuskv-prefetch", daemon=True)
@@ -89,6 +91,15 @@ class Prefetcher:
             self.stats["submitted"] += 1
             self._cv.notify()
             return task
+
+    def propose(self, tenant: str, slots: Callable[[], Sequence[bytes]], source: str, target: str,
+                block_bytes: int, deadline_s: float, context: Any = None) -> None:  # fmt: skip
+        """`submit` later, on the prefetch thread: `slots()` is called there (a planner never lists them)."""
+        with self._cv:
+            if self._closed:
+                return
+            self._proposals.append((tenant, slots, source, target, block_bytes, deadline_s, context))
+            self._cv.notify()
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a task; True if it was still live.
@@ -131,8 +142,20 @@ class Prefetcher:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._closed:
+                while not self._queue and not self._proposals and not self._closed:
                     self._cv.wait()
+                proposals, self._proposals = self._proposals, []
+                self._listing = bool(proposals)
+            try:
+                for tenant, slots, source, target, block_bytes, deadline_s, context in proposals:
+                    self.submit(tenant, slots(), source, target, block_bytes, deadline_s, context)
+            except Exception as exc:  # a bad proposal must not kill the worker
+                log.warning("prefetch proposal failed", error=repr(exc))
+            with self._cv:
+                self._listing = False
+                self._cv.notify_all()
+                if not self._queue and not self._closed:
+                    continue
                 if self._closed and not self._queue:
                     return
                 task = self._tasks[self._queue.popleft()]
@@ -177,7 +200,8 @@ class Prefetcher:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no task is queued or running."""
         with self._cv:
-            return self._cv.wait_for(lambda: not self._queue and self._active is None, timeout)
+            return self._cv.wait_for(lambda: not (self._queue or self._proposals or self._listing)
+                                     and self._active is None, timeout)  # fmt: skip
 
     def close(self, timeout: float = 5.0) -> None:
         """Cancel what is queued and stop the worker."""

@@ -20,13 +20,14 @@ from nexuskv.contracts import Namespace, Plan, PlanAction, Request
 from nexuskv.control import Membership
 from nexuskv.cost import CostModel
 from nexuskv.decisions import DecisionLog
+from nexuskv.errors import DeadlinePassed
 from nexuskv.health import Health
 from nexuskv.identity import PlanSeal
 from nexuskv.index import DictIndex, Match, Matcher
 from nexuskv.interfaces import slot_of
 from nexuskv.keying import Keys
 from nexuskv.logs import get_logger
-from nexuskv.planner import Decision, Planner, decide, to_plan
+from nexuskv.planner import Decision, Planner, check, decide, to_plan
 from nexuskv.policy.loader import Policies
 from nexuskv.prefetch import Prefetcher
 from nexuskv.sharing import granted
@@ -64,6 +65,7 @@ class ReadPath:
         self._inline_matcher = type(index) is DictIndex  # the builtin is pure, bounded Python
         self._watchdog = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="nexuskv-watchdog")
         self._recent_prefetch: dict[tuple[bytes, int, str], float] = {}
+        self.deadline_fallbacks = 0  # plans that answered recompute because their deadline passed
         self._prefetch_lock = threading.Lock()
 
     def match(self, request: Request, keys: Sequence[bytes] | None = None) -> Match:
@@ -80,6 +82,7 @@ class ReadPath:
         t0 = time.perf_counter()
         budget = (deadline_ms if deadline_ms is not None else
                   (request.slo.deadline_ms if request.slo.deadline_ms is not None else self.config.deadline_ms))
+        end = t0 + budget / 1e3  # every stage and every long loop checks it: the wall time is bounded
         decision_id = os.urandom(8).hex()
         stage = "start"
         try:
@@ -92,52 +95,56 @@ class ReadPath:
                                       f"({self.health.breaker(mover).last_error})")  # fmt: skip
             stage = "keys"
             if keys is None:
-                keys = self.keys.keys_for(request, session)
-            if time.perf_counter() - t0 > budget / 1e3:
-                return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed after {stage}")
+                keys = self.keys.keys_for(request, session, deadline=end)
             stage = "match"
             if self._inline_matcher:
-                match = self.index.match(keys, request.layout)
+                match = self.index.match(keys, request.layout, deadline=end)  # type: ignore[call-arg]
             else:  # a plugin matcher runs under a watchdog: a hung plugin costs the deadline, never more
-                left = budget / 1e3 - (time.perf_counter() - t0)
                 future = self._watchdog.submit(self.index.match, keys, request.layout)
                 try:
-                    match = future.result(timeout=max(left, 0.0))
+                    match = future.result(timeout=max(end - time.perf_counter(), 0.0))
                 except concurrent.futures.TimeoutError:
-                    return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed in the matcher")
+                    raise DeadlinePassed("the matcher") from None
+            check(end, "match")
             stage = "policy"
             policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
             stage = "plan"
             decide_args = dict(node=request.node or self.config.node, decision_id=decision_id,
                                epoch=self.membership.epoch, inflight=self._inflight(),
                                bandwidth_scale=self.bandwidth_scale, prefetch_target=self.prefetch_target)
-            decision = decide(self.planner, request, match, policy, **decide_args)  # type: ignore[arg-type]
+            decision = decide(self.planner, request, match, policy, deadline=end, **decide_args)  # type: ignore[arg-type]
+            check(end, "plan")
             stage = "shared state"
             for owner, scope in self.policies.readable_by(request.tenant) if self.policies is not None else ():
-                if time.perf_counter() - t0 > budget / 1e3:
-                    break  # the own plan stands: shared candidates are an optimisation on top
-                got = self._shared_decision(request, owner, scope, policy, decide_args)
+                try:  # the own plan stands when time runs out: shared candidates are an optimisation on top
+                    got = self._shared_decision(request, owner, scope, policy, decide_args, end)
+                except DeadlinePassed:
+                    break
                 if got is not None and _gain(got[0].plan) > _gain(decision.plan):
                     decision, keys = got
+        except DeadlinePassed as exc:
+            self.deadline_fallbacks += 1
+            return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed in {exc.stage}")
         except Exception as exc:
             log.exception("planning failed", stage=stage, request_id=request.request_id)
             return self._fallback(request, decision_id, t0, f"{stage} failed: {type(exc).__name__}: {exc}")
-        plan = self.seal.seal(decision.plan)
+        plan = self.seal.seal(decision.plan, fresh=True)  # made by decide() for this call alone
         if plan.prefetch:
-            self._schedule_prefetch(request, keys, plan)
+            self._propose_prefetch(request, keys, plan)
         self.decisions.record(plan, t0)
         return plan
 
-    def _shared_decision(self, request: Request, owner: str, scope: str, policy: Any,
-                         decide_args: Mapping[str, Any]) -> tuple[Decision, list[bytes]] | None:  # fmt: skip
+    def _shared_decision(self, request: Request, owner: str, scope: str, policy: Any, decide_args: Mapping[str, Any],
+                         end: float) -> tuple[Decision, list[bytes]] | None:  # fmt: skip
         """A decision over another tenant's shared scope, if its `share` rule grants this request anything."""
+        check(end, "shared state")
         ns = Namespace(tenant=owner, scope=scope, cache_salt=request.cache_salt)
-        keys = self.keys.held_prefix(ns, request, self.index.get)
-        match = self.index.match(keys, request.layout)
+        keys = self.keys.held_prefix(ns, request, self.index.get, deadline=end)
+        match = self.index.match(keys, request.layout, **({"deadline": end} if self._inline_matcher else {}))
         blocks = match.longest()
         if not blocks or self.policies is None or not granted(self.policies, request, owner, scope, blocks):
             return None
-        return decide(self.planner, request, match, policy, shared_from=ns, **decide_args), keys
+        return decide(self.planner, request, match, policy, shared_from=ns, deadline=end, **decide_args), keys
 
     def _inflight(self) -> dict[str, float]:
         out: dict[str, float] = dict(self.link_load)
@@ -149,15 +156,16 @@ class ReadPath:
         plan = to_plan(request, None, action=PlanAction.RECOMPUTE, decision_id=decision_id,
                        page=request.layout.page_size, transport="", reasons=[f"fail-open: {reason}"],
                        epoch=self.membership.epoch, cost=self.cost)  # fmt: skip
-        plan = self.seal.seal(plan)
+        plan = self.seal.seal(plan, fresh=True)
         self.decisions.record(plan, t0, fallback=True)
         return plan
 
-    def _schedule_prefetch(self, request: Request, keys: Sequence[bytes], plan: Plan) -> None:
+    def _propose_prefetch(self, request: Request, keys: Sequence[bytes], plan: Plan) -> None:
+        """Hand the plan's prefetch spans to the prefetcher: O(1) here, the slots are listed on its thread."""
         page = request.layout.page_size
         block_bytes = self.cost.bytes_per_token * page
+        groups = len(request.layout.groups)
         now = time.monotonic()
-        fresh = []
         with self._prefetch_lock:  # the same prefix planned on two threads is prefetched once
             if len(self._recent_prefetch) > 10_000:
                 self._recent_prefetch = {k: v for k, v in self._recent_prefetch.items() if v > now}
@@ -166,12 +174,11 @@ class ReadPath:
                 if self._recent_prefetch.get(first, 0.0) > now:
                     continue  # asked for moments ago (the same session's next turn, a shared prefix): deduplicated
                 self._recent_prefetch[first] = now + self.config.prefetch_deadline_s
-                fresh.append(span)
-        for span in fresh:
-            slots = [slot_of(keys[b], g) for b in range(span.start // page, span.end // page)
-                     for g in range(len(request.layout.groups))]  # fmt: skip
-            self.prefetcher.submit(request.tenant, slots, span.tier, span.target_tier, block_bytes,
-                                   self.config.prefetch_deadline_s, context=request)  # place rules see it
+                blocks = keys[span.start // page : span.end // page]
+                self.prefetcher.propose(request.tenant, lambda blocks=blocks: [slot_of(k, g) for k in blocks
+                                                                               for g in range(groups)],
+                                        span.tier, span.target_tier, block_bytes, self.config.prefetch_deadline_s,
+                                        context=request)  # place rules see the request  # fmt: skip
 
     def close(self) -> None:
         """Stop the matcher watchdog."""
