@@ -42,15 +42,6 @@ def _descriptor(slot: bytes, payload: bytes) -> Any:
     )  # fmt: skip
 
 
-def _touch(view: memoryview) -> int:
-    """Read one byte of every page of `view` (what a consumer pays for a fresh mapping's page faults)."""
-    try:
-        import numpy as np
-    except ImportError:
-        return sum(view[::4096])
-    return int(np.frombuffer(view, np.uint8)[::4096].sum())
-
-
 def _reader(ns: str, slot_hex: str, repeats: int) -> dict[str, float]:
     """In the reader process: fetch through the transport vs memcpy of the same bytes (interleaved medians)."""
     from nexuskv_transport_shm import ShmStore, ShmTransport
@@ -67,22 +58,30 @@ def _reader(ns: str, slot_hex: str, repeats: int) -> dict[str, float]:
         got = transport.fetch(store, slot)
         assert got is not None
 
-    def get_touch() -> None:  # a fresh mapping (no transport cache) and every page touched
-        got = store.get(slot)
-        assert got is not None
-        _touch(got.payload)
+    dst = bytearray(len(private))  # the consumer's own buffer, its pages mapped before anything is timed
+    dst[:] = private
 
-    t = interleaved({"get": get, "base_get": lambda: bytearray(private), "get_touch": get_touch},
-                    rounds=repeats, inner=1)  # fmt: skip
+    def get_touch() -> None:  # what a consumer sees: a fetch through the transport, every byte read into dst
+        got = transport.fetch(store, slot)
+        assert got is not None
+        dst[:] = got.payload
+
+    def copy_into() -> None:  # the baseline: the same bytes, already in this process, memcpy'd into dst
+        dst[:] = private
+
+    t = interleaved({"get": get, "base_get": lambda: bytearray(private), "get_touch": get_touch,
+                     "base_touch": copy_into}, rounds=repeats, inner=1)  # fmt: skip
     store.close()
-    return {"get_s": t["get"], "base_get_s": t["base_get"], "get_touch_s": t["get_touch"]}
+    return {"get_s": t["get"], "base_get_s": t["base_get"], "get_touch_s": t["get_touch"],
+            "base_touch_s": t["base_touch"]}
 
 
 def run(sizes: tuple[int, ...] = (1 << 20, 16 << 20), repeats: int = 9) -> list[dict[str, Any]]:
     """One row per size: tier, size, put_s / base_put_s (here) and get_s / base_get_s (a second process).
 
     `get_s` is a fetch through `ShmTransport` (lease check, header check, mapping reused, zero-copy view);
-    `get_touch_s` a fresh mapping with every page touched; `base_*_s` a memcpy (`bytearray(...)`) of the same
+    `get_touch_s` a fetch whose every byte is then copied into the reader's own buffer, against `base_touch_s`,
+    a memcpy of the same bytes into that buffer; `base_*_s` otherwise a memcpy (`bytearray(...)`) of the same
     bytes in the same process. Medians in seconds.
     """
     from nexuskv_transport_shm import ShmStore
@@ -106,7 +105,8 @@ def run(sizes: tuple[int, ...] = (1 << 20, 16 << 20), repeats: int = 9) -> list[
             got = json.loads(out.stdout.splitlines()[-1])
             rows.append({"tier": "shm", "size": size, "put_s": t["put"], "get_s": got["get_s"],
                          "base_put_s": t["base_put"], "base_get_s": got["base_get_s"],
-                         "get_touch_s": got["get_touch_s"], "reader": "second process"})  # fmt: skip
+                         "get_touch_s": got["get_touch_s"], "base_touch_s": got["base_touch_s"],
+                         "reader": "second process"})  # fmt: skip
             store.delete(slot)
     finally:
         store.close()

@@ -61,7 +61,9 @@ def dram_rows(repeats: int = 15) -> list[dict[str, float]]:
         payload = _tier_disk.kv_payload(size)
         store = DramStore(4 * size)
         desc = _desc(size)
-        samples: dict[str, list[float]] = {"put": [], "get": [], "memcpy": []}
+        samples: dict[str, list[float]] = {"put": [], "get": [], "memcpy": [], "get_touch": [], "copy_into": []}
+        dst = bytearray(size)  # the consumer's buffer (an engine's pinned staging buffer, say)
+        dst[:] = payload  # its pages are mapped before anything is timed
         for i in range(repeats + 1):
             slot = i.to_bytes(17, "big")
             t0 = time.perf_counter()
@@ -72,15 +74,23 @@ def dram_rows(repeats: int = 15) -> list[dict[str, float]]:
             t2 = time.perf_counter()
             copy = bytearray(payload)
             t3 = time.perf_counter()
+            got = store.get(slot)
+            dst[:] = got.payload  # what a consumer sees: the get, then every byte read into its own buffer
+            t4 = time.perf_counter()
+            dst[:] = payload  # the baseline: the same bytes memcpy'd into the same buffer
+            t5 = time.perf_counter()
             del copy
             store.delete(slot)
             if i:  # the first round warms up
                 samples["put"].append(t1 - t0)
                 samples["get"].append(t2 - t1)
                 samples["memcpy"].append(t3 - t2)
+                samples["get_touch"].append(t4 - t3)
+                samples["copy_into"].append(t5 - t4)
         med = {k: statistics.median(v) for k, v in samples.items()}
         rows.append({"tier": "dram", "size": size, "put_s": med["put"], "get_s": med["get"],
-                     "base_put_s": med["memcpy"], "base_get_s": med["memcpy"]})  # fmt: skip
+                     "base_put_s": med["memcpy"], "base_get_s": med["memcpy"], "get_touch_s": med["get_touch"],
+                     "base_touch_s": med["copy_into"]})  # fmt: skip
     return rows
 
 
@@ -117,7 +127,10 @@ def _line(row: dict) -> str:
     return (f"{row['tier']:<6}{codec:<20} {row['size'] >> 20:>3} MiB  put {row['put_s'] * 1e3:8.3f} ms vs "
             f"{row['base_put_s'] * 1e3:8.3f} ms (x{row['put_s'] / row['base_put_s']:.2f})   get "
             f"{row['get_s'] * 1e3:8.3f} ms vs {row['base_get_s'] * 1e3:8.3f} ms "
-            f"(x{row['get_s'] / row['base_get_s']:.2f})")
+            f"(x{row['get_s'] / row['base_get_s']:.2f})"
+            + (f"   get + read every byte {row['get_touch_s'] * 1e3:8.3f} ms vs memcpy into the same buffer "
+               f"{row['base_touch_s'] * 1e3:8.3f} ms (x{row['get_touch_s'] / row['base_touch_s']:.2f})"
+               if "base_touch_s" in row else ""))
 
 
 def main() -> None:
@@ -135,16 +148,16 @@ def main() -> None:
               f"{c['zstd_encode_MBps']:.0f} / decode {c['zstd_decode_MBps']:.0f} MB/s, shuffle encode "
               f"{c['shuffle_encode_MBps']:.0f} / decode {c['shuffle_decode_MBps']:.0f} MB/s")  # fmt: skip
 
-    def ratio(tier: str, op: str, **match: object) -> float:
+    def ratio(tier: str, op: str, base: str | None = None, **match: object) -> float:
         row = next(r for r in rows if r["tier"] == tier and r["size"] == 16 << 20
                    and all(r.get(k) == v for k, v in match.items()))  # fmt: skip
-        return row[f"{op}_s"] / row[f"base_{op}_s"]
+        return row[f"{op}_s"] / row[f"base_{base or op}_s"]
 
     shuffle_gain = codecs["float32"]["shuffle_ratio"] / codecs["float32"]["zstd_ratio"]
     print("default disk codec: " + ("shuffle-zstd (it compresses reference-engine KV better than plain zstd)"
                                     if shuffle_gain >= 1.0 else "zstd (shuffle did not beat it on reference KV)"))
-    result("tier.dram_get_over_memcpy_16m", ratio("dram", "get"), "<=", 2)
-    result("tier.shm_read_over_memcpy_16m", ratio("shm", "get"), "<=", 2)
+    result("tier.dram_get_touch_over_memcpy_16m", ratio("dram", "get_touch", base="touch"), "<=", 1.5)
+    result("tier.shm_read_touch_over_memcpy_16m", ratio("shm", "get_touch", base="touch"), "<=", 2)
     result("tier.disk_get_over_raw_read_16m", ratio("disk", "get", codec="raw"), "<=", 1.5)
     result("tier.redis_get_over_plain_get_16m", ratio("redis", "get"), "<=", 1.5)
     result("codec.shuffle_zstd_over_plain_zstd_ratio", shuffle_gain, ">=", 1.0)
