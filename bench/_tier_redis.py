@@ -26,6 +26,7 @@ from nexuskv import (
     checksum,
 )
 from nexuskv_tier_redis import RedisStore
+from nexuskv_tier_redis._private import make_client
 from nexuskv_tier_redis.testing import RedisServer
 
 __all__ = ["run"]
@@ -60,13 +61,16 @@ def _median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[st
 def run(sizes: Iterable[int] = (1 << 20, 16 << 20), repeats: int = 7) -> list[dict[str, Any]]:
     """Medians (seconds) of the tier's put / get and of plain SET / GET, per payload size.
 
-    Both sides use one client configuration (redis-py, same timeouts, same server); the tier stores in 4 MiB
+    Both sides use one client configuration (the tier's own client factory: redis-py, same timeouts, same
+    parser, same server); the tier stores in 4 MiB
     chunks in one MULTI/EXEC and reads back with one HMGET, the baseline is one SET / GET of the whole value.
     """
     out: list[dict[str, Any]] = []
     with RedisServer() as server:
         store = RedisStore(url=server.url, prefix="bench" + uuid.uuid4().hex[:8], capacity_bytes=1 << 30)
-        plain = server.client()
+        # The baseline gets the very client the tier makes (same timeouts, same parser: hiredis on both sides
+        # when it is installed), so only what the tier does differs.
+        plain = make_client(server.url, store.connect_timeout_s, store.read_timeout_s)
         try:
             for size in sizes:
                 data = os.urandom(size)

@@ -3,7 +3,8 @@
 Run: `.venv/bin/python bench/identity.py` (about a minute). Baselines, in the same process:
 - keys: one keyed BLAKE2b over the request's token bytes (already serialised: the cheapest keyed hash of the
   same input; our side also serialises the token ids and chains 2,048 keyed hashes);
-- match: plain dict lookups of the same keys in a dict of the same size (`[d[k] for k in keys]`).
+- match: plain dict lookups of the same keys in a dict of the same size, the fastest plain way
+  (`list(map(d.get, keys))`).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def bench_match(keyer: BlockKeyer, blocks: int) -> tuple[float, float]:
     assert len(plain) == blocks
     t = interleaved({
         "match": lambda: idx.match(keys, LAYOUT).longest(),
-        "dict": lambda: [plain[k] for k in keys],
+        "dict": lambda: list(map(plain.get, keys)),
     }, rounds=60, inner=5)  # fmt: skip
     assert idx.match(keys, LAYOUT).longest() == len(keys)
     per_block = used / blocks
