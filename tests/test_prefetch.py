@@ -302,3 +302,23 @@ def test_task_memory_is_bounded(prefetchers):
     assert len(tasks) <= 1024
     assert tasks[-1] is last  # the most recent are kept
     assert p.stats["done"] == n and len(mover.moves) == n
+
+
+def test_a_proposal_is_listed_on_the_prefetch_thread_not_the_callers():
+    import threading
+
+    listed_on: list[str] = []
+
+    def slots():
+        listed_on.append(threading.current_thread().name)
+        return [b"a" * 17, b"b" * 17]
+
+    moved: list[bytes] = []
+    p = Prefetcher(lambda slot, source, target, context: moved.append(slot) or True)
+    try:
+        p.propose("acme", slots, "disk", "dram", 10, 5.0, context="req")
+        assert p.wait_idle(10)
+        assert listed_on == ["nexuskv-prefetch"] and moved == [b"a" * 17, b"b" * 17]
+        assert p.stats["submitted"] == 1 and p.stats["done"] == 1
+    finally:
+        p.close()
