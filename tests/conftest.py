@@ -46,6 +46,9 @@ def _isolated_secret(tmp_path, monkeypatch):
     monkeypatch.setenv("NEXUSKV_SECRET_FILE", str(tmp_path / "secret"))
     monkeypatch.delenv("NEXUSKV_PLUGINS", raising=False)
     monkeypatch.delenv("NEXUSKV_DISABLE_PLUGINS", raising=False)
+    # Tests assert decisions, not timing: a generous default deadline, so a loaded machine never turns an expected
+    # plan into a fallback. The tests of the deadline set their own (`deadline_ms=...`).
+    monkeypatch.setenv("NEXUSKV_DEADLINE_MS", "10000")
 
 
 @pytest.fixture

@@ -56,3 +56,14 @@ def test_plugin_env_applies_the_allow_and_block_lists_on_top_of_the_environment(
     assert got["NEXUSKV_PLUGINS"] == "x,y"
     assert got["NEXUSKV_DISABLE_PLUGINS"] == "a,b,embedded"
     assert got["OTHER"] == "1" and env["NEXUSKV_DISABLE_PLUGINS"] == "a, ,b"  # the input is not changed
+
+
+def test_the_default_deadline_can_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("NEXUSKV_DEADLINE_MS", "2.5")
+    assert KernelConfig().deadline_ms == 2.5
+    assert KernelConfig.from_mapping({"deadline_ms": 0.3}).deadline_ms == 0.3  # a config file's value wins
+    monkeypatch.delenv("NEXUSKV_DEADLINE_MS")
+    assert KernelConfig().deadline_ms == 1.0
+    monkeypatch.setenv("NEXUSKV_DEADLINE_MS", "soon")
+    with pytest.raises(ConfigError, match="NEXUSKV_DEADLINE_MS='soon': expected a number"):
+        KernelConfig()

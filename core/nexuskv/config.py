@@ -1,7 +1,9 @@
 """Kernel configuration: `KernelConfig`, read from a mapping or a TOML file, and the plugin environment it implies.
 
 Every key is optional; unknown keys and wrong types are a `ConfigError` naming the file and the key path. Relative
-paths in a file (policies, profile, secret file, tier paths) are relative to the file.
+paths in a file (policies, profile, secret file, tier paths) are relative to the file. The planning deadline's
+default (1 ms) can be set for a whole deployment with `NEXUSKV_DEADLINE_MS`; a config file's `deadline_ms` and a
+request's `slo.deadline_ms` take precedence.
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ from cattrs.v import format_exception
 from nexuskv.errors import ConfigError
 
 __all__ = ["KernelConfig", "plugin_env"]
+
+
+def _env_float(name: str, default: float) -> float:
+    """A number from the environment (a deployment's default that no config file sets), else `default`."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number") from None
 
 
 def _default_tiers() -> dict[str, dict[str, Any]]:
@@ -43,7 +56,7 @@ class KernelConfig:
     disable_plugins: tuple[str, ...] = ()  # block list, builtins included (as NEXUSKV_DISABLE_PLUGINS)
     policies: str | None = None
     profile: str | None = None
-    deadline_ms: float = 1.0
+    deadline_ms: float = field(factory=lambda: _env_float("NEXUSKV_DEADLINE_MS", 1.0))
     load_timeout_ms: float = 200.0
     writer_max_bytes: int = 256 << 20
     writer_max_items: int = 4096

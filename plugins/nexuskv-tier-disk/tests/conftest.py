@@ -80,3 +80,9 @@ def open_store(tmp_path: Path) -> Iterator[Callable[..., DiskStore]]:
     yield make
     for s in stores:
         s.close()
+
+
+@pytest.fixture(autouse=True)
+def _generous_default_deadline(monkeypatch):
+    """Tests assert decisions, not timing: a loaded machine must never turn an expected plan into a fallback."""
+    monkeypatch.setenv("NEXUSKV_DEADLINE_MS", "10000")

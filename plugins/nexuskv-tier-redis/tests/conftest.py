@@ -72,3 +72,9 @@ def _isolated_env(tmp_path, monkeypatch):
     monkeypatch.setenv("NEXUSKV_SECRET_FILE", str(tmp_path / "secret"))
     monkeypatch.delenv("NEXUSKV_PLUGINS", raising=False)
     monkeypatch.delenv("NEXUSKV_DISABLE_PLUGINS", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _generous_default_deadline(monkeypatch):
+    """Tests assert decisions, not timing: a loaded machine must never turn an expected plan into a fallback."""
+    monkeypatch.setenv("NEXUSKV_DEADLINE_MS", "10000")

@@ -15,3 +15,9 @@ def ns():
     yield name
     for n in ours(name):  # clean up after a failed test, then complain
         (SHM / n).unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def _generous_default_deadline(monkeypatch):
+    """Tests assert decisions, not timing: a loaded machine must never turn an expected plan into a fallback."""
+    monkeypatch.setenv("NEXUSKV_DEADLINE_MS", "10000")
