@@ -193,8 +193,8 @@ TestIndexModel.settings = settings(max_examples=60, stateful_step_count=30)
 def test_concurrent_inserts_and_removes_at_different_locations_of_the_same_keys_are_exact():
     """Each thread owns one location and changes the same keys as the others; nothing may be lost."""
     import random
-    import sys
-    import threading
+
+    from tests.conftest import run_threads
 
     idx = DictIndex()
     keys = [bytes([i]) * 16 for i in range(40)]
@@ -226,16 +226,7 @@ def test_concurrent_inserts_and_removes_at_different_locations_of_the_same_keys_
                 snaps.append(len(idx.snapshot()))
                 idx.match(keys, DENSE)
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=worker, args=(n,)) for n in range(len(locations))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    run_threads(worker, len(locations), switch_interval=1e-6)
     for key in keys:
         want = tuple(sorted((loc, m[key]) for loc, m in zip(locations, models, strict=True) if key in m))
         got = idx.get(key)
