@@ -80,3 +80,23 @@ def test_a_slow_observer_costs_dropped_records_never_a_wait():
     assert log.decisions == 50
     assert 50 - 5 <= log.observer_drops <= 50 - 4
     assert len(seen) == 50 - log.observer_drops  # what was not dropped was delivered
+
+
+def test_a_fallbacks_line_is_rendered_off_the_callers_thread_and_still_written():
+    import io
+    import json
+
+    from nexuskv.logs import configure_logging
+
+    buf = io.StringIO()
+    configure_logging(json=True, stream=buf, force=True)
+    try:
+        log = DecisionLog(PluginManager(entry_points=False))
+        log.record(plan(1), time.perf_counter(), fallback=True)
+        log.record(plan(2), time.perf_counter())
+        log.close()
+        lines = [json.loads(line) for line in buf.getvalue().splitlines()]
+    finally:
+        configure_logging(force=True)
+    got = {(r["decision_id"], r["fallback"]) for r in lines if r.get("event") == "decision"}
+    assert got == {("d1", True), ("d2", False)} and log.decisions == 2

@@ -132,8 +132,8 @@ def test_the_match_and_the_checkpoint_scan_stop_when_the_deadline_passes(monkeyp
         p1 = k.plan(dense, keys=keys_d, deadline_ms=0.25)
         from nexuskv.index import _MATCH_CHUNK
 
-        reads = -(-2048 // _MATCH_CHUNK)  # readings of the match; then one check, one in candidates, 8 in the scan
-        late = round((reads + 3.5) * 0.1, 2)  # passes at the second reading of the checkpoint scan
+        reads = -(-2048 // _MATCH_CHUNK)  # readings of the match; then one check, three in candidates, 8 in the scan
+        late = round((reads + 5.5) * 0.1, 2)  # passes at the second reading of the checkpoint scan
         p2 = k.plan(rec, keys=keys_r, deadline_ms=late)
         monkeypatch.undo()
     assert p1.reasons == ("fail-open: deadline 0.25 ms passed in match",)

@@ -125,6 +125,7 @@ class Planner:
             code_of[h] = sources.index(src)
         if len(sources) > 255:  # pragma: no cover - more than 255 distinct sources for one request
             raise ValueError("too many distinct sources in one match")
+        check(deadline, "plan (blocks)")
         if match.codes is not None and match.decode is not None:  # the builtin index: skip decoding holdings
             by_code = {c: code_of[match.decode[c]] for c in match.distinct_codes or set(match.codes)}
             codes = bytes(map(by_code.__getitem__, match.codes[:limit]))
@@ -142,6 +143,7 @@ class Planner:
             if paged:
                 runs.append((start, start + n, *sources[codes[start]]))
             start += n
+        check(deadline, "plan (runs)")
         cuts = {r[0] for r in runs[1:]} | {end}  # tier boundaries, and the longest cut
         if ckpt:  # checkpointed groups: only blocks with a checkpoint (of every such group) are cuts
             cuts = self._checkpoint_cuts(entries, end, ckpt, node, cuts, healthy, deadline)
