@@ -83,6 +83,7 @@ class DecisionLog:
                 log.info("decision", **record)
             if self._observers:
                 self.plugins.observe_decision(record)
+            time.sleep(0)  # hand the lock to a planning thread between records: this thread never makes a plan wait
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the observer thread (records still queued are dropped)."""
