@@ -123,7 +123,8 @@ class ReadPath:
                 if got is not None and _gain(got[0].plan) > _gain(decision.plan):
                     decision, keys = got
         except DeadlinePassed as exc:
-            self.deadline_fallbacks += 1
+            with self._prefetch_lock:  # a small shared lock: the count stays exact under many planning threads
+                self.deadline_fallbacks += 1
             return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed in {exc.stage}")
         except Exception as exc:
             log.exception("planning failed", stage=stage, request_id=request.request_id)
