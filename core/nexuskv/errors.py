@@ -5,6 +5,8 @@ Each error carries enough context (field path, file, rule, plugin name) to be ac
 
 from __future__ import annotations
 
+import time
+
 
 class NexusKVError(Exception):
     """Base class of every error NexusKV raises on purpose."""
@@ -53,3 +55,9 @@ class DeadlinePassed(NexusKVError):
     def __init__(self, stage: str) -> None:
         super().__init__(stage)
         self.stage = stage
+
+
+def check_deadline(deadline: float | None, stage: str) -> None:
+    """Raise `DeadlinePassed(stage)` once the `time.perf_counter()` value `deadline` has passed (None: never)."""
+    if deadline is not None and time.perf_counter() > deadline:
+        raise DeadlinePassed(stage)

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from nexuskv.contracts import Layout
-from nexuskv.errors import DeadlinePassed
+from nexuskv.errors import check_deadline
 from nexuskv.kinds import group_masks, longest_restore_point
 
 __all__ = ["DictIndex", "Holding", "IndexSnapshot", "Location", "Match", "Matcher"]
@@ -191,8 +190,7 @@ def _scan(get: object, decode: Mapping[int | None, Holding | None], keys: Sequen
     else:
         codes = []
         for i in range(0, len(keys), _MATCH_CHUNK):
-            if time.perf_counter() > deadline:
-                raise DeadlinePassed("match")
+            check_deadline(deadline, "match")
             part = list(map(get, keys[i : i + _MATCH_CHUNK]))  # type: ignore[call-overload]
             codes.extend(part)
             if paged_only and None in part:

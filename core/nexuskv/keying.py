@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from nexuskv.contracts import ExtraInput, Namespace, Request
-from nexuskv.errors import ConfigError, DeadlinePassed
+from nexuskv.errors import ConfigError, DeadlinePassed, check_deadline
 from nexuskv.identity import BlockKeyer, KeyChain
 from nexuskv.kinds import group_masks
 
@@ -57,8 +57,7 @@ class Keys:
         pieces = self.keyer.chunks(self.keyer.request_root(request), request.token_ids, request.extra_inputs,
                                    CHUNK_BLOCKS)  # fmt: skip
         while True:
-            if time.perf_counter() > deadline:  # checked before each piece is hashed, the first one included
-                raise DeadlinePassed("keys")
+            check_deadline(deadline, "keys")  # before each piece is hashed, the first one included
             got = next(pieces, None)
             if got is None:
                 return out
@@ -125,16 +124,15 @@ class Keys:
         `deadline`, `DeadlinePassed` is raised between chunks once it has passed.
         """
         root = self.keyer.root(namespace, request.model, request.tokenizer, request.layout)
-        if request.extra_inputs or group_masks(request.layout.groups)[1]:
-            chunk = CHUNK_BLOCKS  # every key, still in bounded chunks
         page = request.layout.page_size
         toks: Sequence[int] = request.token_ids
         extras = request.extra_inputs
         every = bool(extras) or bool(group_masks(request.layout.groups)[1])
+        if every:
+            chunk = CHUNK_BLOCKS  # every key, still in bounded chunks
         keys: list[bytes] = []
         while len(keys) * page + page <= len(toks):
-            if deadline is not None and time.perf_counter() > deadline:
-                raise DeadlinePassed("shared state keys")
+            check_deadline(deadline, "shared state keys")
             start = len(keys) * page
             new = self.keyer.extend(keys[-1] if keys else root, toks[start : start + chunk * page], extras,
                                     offset=start)  # fmt: skip

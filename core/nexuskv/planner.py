@@ -8,7 +8,6 @@ and its reuse rules allow it. Same inputs, same plan: ties break on fewer tokens
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,20 +15,14 @@ from attrs import define, field
 
 from nexuskv.contracts import Namespace, Plan, PlanAction, PlanSpan, Predicted, Request
 from nexuskv.cost import CostModel, gain
-from nexuskv.errors import DeadlinePassed
+from nexuskv.errors import check_deadline as check
 from nexuskv.health import Health
 from nexuskv.index import Holding, Match
 from nexuskv.kinds import group_masks
 
-__all__ = ["Candidate", "PlanDetail", "Planner", "check"]
+__all__ = ["Candidate", "PlanDetail", "Planner"]
 
 _CHECK_EVERY = 256  # blocks between two deadline checks in the planner's Python loops
-
-
-def check(deadline: float | None, stage: str) -> None:
-    """Raise `DeadlinePassed(stage)` when the `time.perf_counter()` deadline has passed."""
-    if deadline is not None and time.perf_counter() > deadline:
-        raise DeadlinePassed(stage)
 
 
 @define(frozen=True)

@@ -21,13 +21,14 @@ from nexuskv.control import Membership
 from nexuskv.cost import CostModel
 from nexuskv.decisions import DecisionLog
 from nexuskv.errors import DeadlinePassed
+from nexuskv.errors import check_deadline as check
 from nexuskv.health import Health
 from nexuskv.identity import PlanSeal
 from nexuskv.index import DictIndex, Match, Matcher
 from nexuskv.interfaces import slot_of
 from nexuskv.keying import Keys
 from nexuskv.logs import get_logger
-from nexuskv.planner import Decision, Planner, check, decide, to_plan
+from nexuskv.planner import Decision, Planner, decide, to_plan
 from nexuskv.policy.loader import Policies
 from nexuskv.prefetch import Prefetcher
 from nexuskv.sharing import granted
