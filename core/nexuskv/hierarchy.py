@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from nexuskv.config import KernelConfig
-from nexuskv.contracts import Placement, StateDescriptor
+from nexuskv.contracts import Layout, Placement, StateDescriptor
 from nexuskv.control import Membership
 from nexuskv.cost import CostModel
 from nexuskv.errors import ChecksumError, ConfigError
@@ -156,16 +156,25 @@ class Hierarchy:
         """
         if not verify_checksum(payload, descriptor.checksum):
             raise ChecksumError(f"payload does not match checksum of block {descriptor.key}")
-        if self.orphan(descriptor):
+        parent = bytes.fromhex(descriptor.parent_key) if descriptor.parent_key else None
+        if self.orphan(parent, descriptor.layout, descriptor.group):
             return False
         return self.store(descriptor, payload, priority)
 
-    def orphan(self, descriptor: StateDescriptor) -> bool:
-        """True for a paged block whose prefix no tier holds: it would restore nothing and push out what would."""
-        if descriptor.parent_key is None or descriptor.layout.groups[descriptor.group].kind.checkpointed:
+    def orphan(self, parent: bytes | None, layout: Layout, group: int) -> bool:
+        """True for a paged block (of `group`, continuing block `parent`) whose prefix no tier holds.
+
+        Such a block would restore nothing and push out state that would. Checkpoints and first blocks never are.
+        """
+        if parent is None or layout.groups[group].kind.checkpointed:
             return False
-        held = self.index.get(bytes.fromhex(descriptor.parent_key))
-        return held is None or not held.mask_at() & (1 << descriptor.group)
+        held = self.index.get(parent)
+        return held is None or not held.mask_at() & (1 << group)
+
+    def faster(self, tier: str, than: str) -> bool:
+        """True when both tiers have a cost and `tier` comes before `than` in the tier order."""
+        order = self.tier_order
+        return tier in order and than in order and order.index(tier) < order.index(than)
 
     def store(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float,
               ttl_s: float | None = None) -> bool:  # fmt: skip

@@ -144,11 +144,8 @@ class WritePath:
     def _faster(self, policy: Any, desc: StateDescriptor, request: Request, source: str,
                 default: str) -> str | None:  # fmt: skip
         """The tier the place rules choose for `desc`, if it is faster than `source`; else None."""
-        order = self.hierarchy.tier_order
         tier = self._placement(policy, desc, request, default)[0]
-        if tier not in order or source not in order or order.index(tier) >= order.index(source):
-            return None
-        return tier
+        return tier if self.hierarchy.faster(tier, source) else None
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the writer has stored everything queued, and tiers that write behind (disk) have written it."""
@@ -168,13 +165,13 @@ class WritePath:
             return
         request, keys, block, group, data, spec = item
         h = self.hierarchy
-        first = h.fastest
-        desc = self.describe(request, block, data, tier=first, group=group, keys=keys, tensors=spec)
-        if h.orphan(desc):
+        if h.orphan(keys[block - 1] if block else None, request.layout, group):  # before hashing the payload
             self.orphans += 1  # its prefix is held nowhere: it would restore nothing and push out what would
             log.debug("block not stored: its prefix is held nowhere", tenant=request.tenant, block=block,
                       group=group, request_id=request.request_id)  # fmt: skip
             return
+        first = h.fastest
+        desc = self.describe(request, block, data, tier=first, group=group, keys=keys, tensors=spec)
         policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
         priority: float | None = None
         ttl_s: float | None = None
@@ -227,7 +224,7 @@ class WritePath:
         policy = self.policies.for_tenant(item.request.tenant) if self.policies is not None else None
         if policy is not None:
             target, priority, ttl_s = self._placement(policy, desc, item.request, target)
-        if target not in order or source not in order or order.index(target) >= order.index(source):
+        if not h.faster(target, source):
             return
         slot = slot_of(bytes.fromhex(desc.key), desc.group)
         if slot in h.tiers[target]:
