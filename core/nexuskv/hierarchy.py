@@ -223,10 +223,7 @@ class Hierarchy:
 
     def _forget(self, key: bytes, group: int, tier: str, store: TierStore) -> None:
         """Drop the index entries of a slot `tier` turned out not to hold (unless it was stored again since)."""
-        h = self.index.get(key)
-        gone = [loc for loc, mask in (() if h is None else h.locations) if loc.tier == tier and mask & (1 << group)]
-        for loc in gone:
-            self.index.remove(key, loc, 1 << group)
+        gone = self._unindex(key, group, tier)
         got = store.get(slot_of(key, group)) if gone else None
         if got is not None:  # a writer stored it again meanwhile: its entry stands
             p = got.descriptor.placement
@@ -240,11 +237,14 @@ class Hierarchy:
         store = self.tiers.get(tier)
         if store is not None:
             store.delete(slot_of(key, group))
-        h = self.index.get(key)
-        for loc, _ in list(() if h is None else h.locations):
-            if loc.tier == tier:
-                self.index.remove(key, loc, 1 << group)
+        self._unindex(key, group, tier)
         log.warning("payload quarantined", key=key.hex(), group=group, tier=tier, reason=reason)
+
+    def _unindex(self, key: bytes, group: int, tier: str) -> int:
+        """Forget `group` of `key` at every location in `tier` (any node, any epoch); how many locations had it."""
+        h = self.index.get(key)
+        return sum(self.index.remove(key, loc, 1 << group) for loc, _ in (() if h is None else h.locations)
+                   if loc.tier == tier)  # fmt: skip
 
     def move(self, slot: bytes, source: str, target: str,
              choose: Callable[[StateDescriptor], str | None] | None = None) -> bool:  # fmt: skip

@@ -67,7 +67,7 @@ class ReadPath:
         self._watchdog = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="nexuskv-watchdog")
         self._recent_prefetch: dict[tuple[bytes, int, str], float] = {}
         self.deadline_fallbacks = 0  # plans that answered recompute because their deadline passed
-        self._prefetch_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards prefetch de-duplication and the fallback count
 
     def match(self, request: Request, keys: Sequence[bytes] | None = None) -> Match:
         """What of the request is held, where: per-block holdings and restore points by kind, tier and node."""
@@ -124,7 +124,7 @@ class ReadPath:
                 if got is not None and _gain(got[0].plan) > _gain(decision.plan):
                     decision, keys = got
         except DeadlinePassed as exc:
-            with self._prefetch_lock:  # a small shared lock: the count stays exact under many planning threads
+            with self._lock:  # the count stays exact under many planning threads
                 self.deadline_fallbacks += 1
             return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed in {exc.stage}")
         except Exception as exc:
@@ -168,7 +168,7 @@ class ReadPath:
         block_bytes = self.cost.bytes_per_token * page
         groups = len(request.layout.groups)
         now = time.monotonic()
-        with self._prefetch_lock:  # the same prefix planned on two threads is prefetched once
+        with self._lock:  # the same prefix planned on two threads is prefetched once
             if len(self._recent_prefetch) > 10_000:
                 self._recent_prefetch = {k: v for k, v in self._recent_prefetch.items() if v > now}
             for span in plan.prefetch:
