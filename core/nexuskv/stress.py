@@ -233,7 +233,6 @@ def run(*, operations: int | None = None, seconds: float | None = None, threads:
     cfg.update(config or {})
     rng = random.Random(seed)
     docs = [[rng.randrange(40_000) for _ in range(rng.randrange(2, 7) * PAGE)] for _ in range(8)]
-    done = [0]
     t0 = time.monotonic()
 
     def stop() -> bool:
@@ -253,9 +252,8 @@ def run(*, operations: int | None = None, seconds: float | None = None, threads:
         while any(t.is_alive() for t in ts):
             for t in ts:
                 t.join(1.0)
-            done[0] = sum(w.r.operations for w in workers)
             if progress is not None:
-                progress(done[0])
+                progress(sum(w.r.operations for w in workers))
         for w in workers:
             report.merge(w.r)
         kernel.flush(30)
