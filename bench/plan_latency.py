@@ -102,7 +102,7 @@ class Busy:
         for b in range(len(self.bg_keys)):  # the prefetch source: real payloads in the disk store
             k.put(k.describe(self.bg, b, self.payloads[b], tier="disk", keys=self.bg_keys), self.payloads[b])
         k.flush(30)
-        self.commits = self.moves = 0
+        self.commits = 0
         self.threads = [threading.Thread(target=self._commit, daemon=True),
                         threading.Thread(target=self._prefetch, daemon=True)]  # fmt: skip
 
@@ -132,7 +132,6 @@ class Busy:
         while not self.stop.is_set():
             self.k.prefetcher.submit("background", slots, "disk", "dram", 4096, 5.0)
             self.k.prefetcher.wait_idle(5)
-            self.moves += self.k.prefetcher.stats["done"]
             for s in slots:  # make the next round move them again
                 self.k.tiers["dram"].delete(s)
                 self.k.index.remove(s[:-1], Location("dram", "node-a", self.k.epoch))
