@@ -137,3 +137,13 @@ def test_every_session_turn_gets_exactly_the_keys_of_its_request(plan):
         req = make_request(toks, layout=layout_of("dense", page_size=4), request_id=f"t{i}", extra_inputs=extras)
         assert keys.keys_for(req, "s") == keys.keys(req)
         assert keys.session(req).keys == keys.keys(req)
+
+
+@given(st.integers(0, 300), st.lists(st.tuples(st.integers(0, 299), st.sampled_from(["a", "b"])), max_size=4))
+def test_keys_hashed_in_deadline_chunks_are_the_plain_keys(n, extras):
+    import time
+
+    keys = Keys(BlockKeyer(SECRET, 4))
+    req = make_request(range(n), layout=layout_of("dense", page_size=4),
+                       extra_inputs=[ExtraInput(position=p, digest=d) for p, d in extras if p < max(n, 1)])  # fmt: skip
+    assert keys.keys(req, deadline=time.perf_counter() + 60) == keys.keys(req)
