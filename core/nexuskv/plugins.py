@@ -33,6 +33,7 @@ BUILTINS: dict[str, str] = {
     "local": "nexuskv.builtins.local",
     "dict-matcher": "nexuskv.builtins.matcher",
     "embedded": "nexuskv.builtins.embedded",
+    "shaped-link": "nexuskv.builtins.shaped",
 }
 
 log = get_logger(__name__)

@@ -10,7 +10,6 @@ from nexuskv_transformers.calibrate import CalibrationReport, calibrate
 from nexuskv_transformers.connector import MODES, Outcome, TransformersConnector
 from nexuskv_transformers.engine import Engine, Prefill
 from nexuskv_transformers.models import KINDS, SIZES, ReferenceModel, build_model
-from nexuskv_transformers.shaped import ShapedLinkStore
 from nexuskv_transformers.state import StateCodec, StateMismatch
 
 __all__ = [
@@ -22,7 +21,6 @@ __all__ = [
     "Outcome",
     "Prefill",
     "ReferenceModel",
-    "ShapedLinkStore",
     "StateCodec",
     "StateMismatch",
     "TransformersConnector",

@@ -1,4 +1,4 @@
-"""The plugin's hooks: the `transformers` connector, the `shaped-link` tier, `calibrate` and `engine-demo`."""
+"""The plugin's hooks: the `transformers` connector, `calibrate` and `engine-demo`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from nexuskv import hookimpl
-from nexuskv_transformers.shaped import ShapedLinkStore
 
 __all__ = ["calibrate_command", "engine_demo_command"]
 
@@ -24,12 +23,6 @@ def _connector(kernel: Any, *, model: str = "dense", size: str = "test", **optio
 def nexuskv_register_connectors(register) -> None:  # type: ignore[no-untyped-def]
     """Offer the reference engine as `transformers`: `factory(kernel, model="dense", size="test", **options)`."""
     register("transformers", _connector)
-
-
-@hookimpl
-def nexuskv_register_tier_stores(register) -> None:  # type: ignore[no-untyped-def]
-    """Offer the emulated remote tier as `shaped-link`."""
-    register("shaped-link", ShapedLinkStore)
 
 
 @click.command("calibrate")

@@ -1,4 +1,4 @@
-"""The connector's modes and fallbacks, the shaped link, the workload and the plugin's hooks."""
+"""The connector's modes and fallbacks, the workload and the plugin's hooks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from click.testing import CliRunner
 from conftest import SECRET, connector, model, tokens
 from nexuskv import Kernel, KernelConfig, PlanAction, PluginManager
 from nexuskv_transformers.connector import TransformersConnector
-from nexuskv_transformers.shaped import ShapedLinkStore
 from nexuskv_transformers.workload import PHASES, demo_workload
 
 
@@ -94,22 +93,6 @@ def test_connector_checks_its_arguments(kernel):
         build_model("diffusion")
 
 
-def test_shaped_link_paces_reads_not_writes(monkeypatch):
-    import nexuskv_transformers.shaped as shaped
-
-    slept = []
-    monkeypatch.setattr(shaped.time, "sleep", slept.append)
-    from tests.test_contracts import next_descriptor
-
-    s = ShapedLinkStore(capacity_bytes=1 << 20, bandwidth_bytes_per_s=1e6, latency_ms=2.0)
-    assert s.put(b"\x01" * 17, b"x" * 1000, next_descriptor()) and slept == []
-    assert bytes(s.get(b"\x01" * 17).payload) == b"x" * 1000
-    assert slept == [pytest.approx(0.002 + 1000 / 1e6)]
-    assert s.get(b"\x02" * 17) is None and s.used_bytes() == 1000 and len(list(s.slots())) == 1
-    with pytest.raises(ValueError):
-        ShapedLinkStore(bandwidth_bytes_per_s=0)
-
-
 def test_workload_is_deterministic_and_covers_every_phase():
     a, b = demo_workload(seed=3), demo_workload(seed=3)
     assert a == b and demo_workload(seed=4) != a
@@ -118,9 +101,9 @@ def test_workload_is_deterministic_and_covers_every_phase():
     assert all(chat[n].tokens[: len(chat[n - 1].tokens)] == chat[n - 1].tokens for n in range(1, len(chat)))
 
 
-def test_plugin_registers_connector_tier_and_commands():
+def test_plugin_registers_connector_and_commands():
     pm = PluginManager({})
-    assert "transformers" in pm.connectors() and "shaped-link" in pm.tier_stores()
+    assert "transformers" in pm.connectors()
     from nexuskv.cli import _with_plugin_commands
 
     runner = CliRunner()

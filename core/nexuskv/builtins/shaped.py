@@ -1,7 +1,7 @@
 """A tier behind an emulated network link: DRAM storage, reads paced to a bandwidth and latency.
 
 It stands in for a remote tier reached over a slow or congested network (what `tc netem` would do to a real
-one), so the demo and the benchmark can show what a cost-blind cache does when moving state is slower than
+one), so demos, engine connectors and benchmarks can show what a cost-blind cache does when moving state is slower than
 recomputing it. Writes are not paced: state lands there by placement, and the question is whether to read it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nexuskv import EvictionCallback, PluginManager, StateDescriptor, StoredState
+from nexuskv import EvictionCallback, PluginManager, StateDescriptor, StoredState, hookimpl
 
 __all__ = ["ShapedLinkStore"]
 
@@ -68,3 +68,9 @@ class ShapedLinkStore:
         """Drop everything."""
         self._inner.close()
 
+
+
+@hookimpl
+def nexuskv_register_tier_stores(register) -> None:  # type: ignore[no-untyped-def]
+    """Offer the emulated slow link as `shaped-link` (fault injection for demos, tests and benchmarks)."""
+    register("shaped-link", ShapedLinkStore)
