@@ -13,9 +13,9 @@ import sys
 
 
 def main(spec_path: str, out_path: str) -> None:
-    from nexuskv_vllm.testing import Engine
-
     from pathlib import Path
+
+    from nexuskv_vllm.testing import Engine
 
     spec = json.loads(Path(spec_path).read_text())
     engine = Engine(spec["model"], kv_transfer_config=spec.get("kv_transfer_config"),

@@ -1,5 +1,6 @@
-"""Which vLLM fields become which NexusKV identity field: the model, tokenizer and layout of an engine, and the
-tenant, scope, cache salt and adapter of a request.
+"""Which vLLM fields become which NexusKV identity field.
+
+The model, tokenizer and layout come from the engine; the tenant, scope, cache salt and adapter from a request.
 
 NexusKV keys, not vLLM's block hashes, decide reuse, so every field that changes what a block of KV holds must
 reach the key: the weights actually loaded (a content hash of the weight files, not only the name), the dtype and
@@ -106,8 +107,9 @@ class EngineIdentity:
 
 
 def adapter_identity(name: str, path: str | None) -> AdapterIdentity:
-    """A LoRA adapter's identity: its name *and* a content hash of its files (another adapter under the same name
-    is another identity), with scale alpha / r from its adapter_config.json when readable.
+    """A LoRA adapter's identity: its name *and* a content hash of its files, scale alpha / r.
+
+    Another adapter under the same name is another identity; the scale comes from adapter_config.json.
     """
     scale = 1.0
     weights = files_digest(path, names=ADAPTER_FILES) if path else ""
@@ -133,9 +135,10 @@ class RequestScope:
 
 def request_scope(kv_transfer_params: Mapping[str, Any] | None, cache_salt: str | None,
                   default_tenant: str | None) -> RequestScope | None:  # fmt: skip
-    """The request's tenant and scope from `kv_transfer_params` ({"tenant": ..., "scope": ...}, set by the trusted
-    front end), else the connector's default tenant; the salt from vLLM's `cache_salt`. None: no tenant at all,
-    so nothing is reused or stored (fail closed).
+    """The request's tenant, scope and salt; None when it has no tenant (nothing is reused or stored).
+
+    Tenant and scope come from `kv_transfer_params` ({"tenant": ..., "scope": ...}, set by the trusted front end),
+    else the connector's default tenant; the salt is vLLM's `cache_salt`.
     """
     params = kv_transfer_params or {}
     if not isinstance(params, Mapping):

@@ -1,5 +1,7 @@
-"""Test and benchmark helpers: tiny random-weight Llama models, a local WordLevel tokenizer, LoRA adapters and
-the `kv_transfer_config` that loads this connector. Nothing is downloaded: every file is written here.
+"""Test and benchmark helpers for the vLLM connector; nothing is downloaded, every file is written here.
+
+Tiny random-weight Llama models, a local WordLevel tokenizer, LoRA adapters, the `kv_transfer_config` that loads
+this connector (or vLLM's example connector), and `Engine`, one in-process vLLM engine.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def write_tiny_llama(path: str | Path, *, seed: int = 0, layers: int = 2, hidden
 
 
 def write_lora(path: str | Path, model_dir: str | Path, *, seed: int, rank: int = 8, alpha: int = 16) -> Path:
-    """A PEFT-format LoRA adapter on q_proj / v_proj of a `write_tiny_llama` model, with non-zero B (it changes
-    the model's output, hence its KV).
+    """A PEFT-format LoRA adapter on q_proj / v_proj of a `write_tiny_llama` model.
+
+    B is not zero, so the adapter changes the model's output, hence its KV.
     """
     import torch
     from safetensors.torch import save_file

@@ -79,8 +79,9 @@ class WorkerSide:
             if why:
                 log.warning("restored block refused; vLLM recomputes from it", request_id=spec.req_id, block=b,
                             reason=why)  # fmt: skip
-                self.kernel.report_load_result(spec.plan, LoadReport(ok=False, failed_block=b, tier=state.descriptor.placement.tier,
-                                               reason=why, corrupt=True), keys=spec.keys)  # fmt: skip
+                tier = state.descriptor.placement.tier
+                self.kernel.report_load_result(spec.plan, LoadReport(ok=False, failed_block=b, tier=tier, reason=why,
+                                                                     corrupt=True), keys=spec.keys)  # fmt: skip
                 break
             with warnings.catch_warnings():  # read-only buffer: we only copy out of it
                 warnings.simplefilter("ignore", UserWarning)
@@ -122,7 +123,7 @@ class WorkerSide:
     def take_errors(self) -> set[int]:
         """Blocks that failed to load since the last call; queued mounts vLLM never waited for count too."""
         with self._lock:
-            for layer, todo in self._pending.items():  # a layer whose attention never ran: not mounted
+            for todo in self._pending.values():  # a layer whose attention never ran: not mounted
                 self._errors.update(block_id for block_id, _ in todo)
             self._pending.clear()
             errors, self._errors = self._errors, set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from nexuskv_vllm.testing import connector_config, write_tiny_llama
@@ -76,9 +77,9 @@ def test_shared_prefix_is_loaded_through_nexuskv_and_output_is_unchanged(engine,
 def test_corrupt_payload_gives_recompute_from_that_block_and_same_output(engine, reference):
     _run(engine, "corrupt1")
     path = _disk_files(engine, "corrupt1", range(2, 3))[0]
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     data[len(data) // 2] ^= 0x40  # one flipped bit in the payload
-    open(path, "wb").write(bytes(data))
+    Path(path).write_bytes(bytes(data))
     out, loaded, failed = _run(engine, "corrupt2")
     assert (loaded, failed) == (2, 2) and out == reference["corrupt2"]  # blocks 0-1 restored, 2-3 recomputed
 
