@@ -140,7 +140,11 @@ class SchedulerSide:
             return None
         if nreq is None:
             return None
-        return SaveSpec(rid, nreq, self.kernel.keys(nreq), list(range(first, end)), block_ids[first:end])
+        keys = self.kernel.keys(nreq)
+        todo = [b for b in range(first, end) if self.kernel.index.get(keys[b]) is None]  # held: not again
+        if not todo:
+            return None
+        return SaveSpec(rid, nreq, keys, todo, [block_ids[b] for b in todo])
 
     def finished(self, req: Any) -> None:
         """The request is done: forget it (its blocks were saved as they filled)."""

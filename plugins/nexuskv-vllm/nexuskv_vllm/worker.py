@@ -42,7 +42,9 @@ class WorkerSide:
         self._pending: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # layer -> (block id, data)
         self._errors: set[int] = set()
         self._failed_reqs: set[str] = set()
-        self._staged: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)  # req -> layer -> [n, ...] copy
+        self._staged: dict[str, tuple[torch.Tensor, set[str]]] = {}  # req -> ([blocks, payload bytes], layers in)
+        self._offsets: dict[str, int] = {}  # layer -> its byte offset in a block's payload
+        self.block_nbytes = 0
         self.stats = {"blocks_loaded": 0, "blocks_failed": 0, "blocks_saved": 0, "saves_refused": 0}
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -50,6 +52,11 @@ class WorkerSide:
         self.caches = dict(kv_caches)
         self.specs = tuple(TensorSpec(name=name, dtype=_dtype_name(t.dtype), shape=tuple(t.shape[1:]))
                            for name, t in self.caches.items())  # fmt: skip
+        offset = 0
+        for name, t in self.caches.items():
+            self._offsets[name] = offset
+            offset += t[0].numel() * t.element_size()
+        self.block_nbytes = offset
 
     # ------------------------------------------------------------------------------------------ loads
 
@@ -132,29 +139,36 @@ class WorkerSide:
     # ------------------------------------------------------------------------------------------ saves
 
     def save_layer(self, layer: str, kv_layer: torch.Tensor, meta: NexusKVMetadata) -> None:
-        """Copy out this layer's slice of every block the step completes (vLLM may reuse the blocks later)."""
+        """Copy this layer's slice of every block the step completes into the blocks' payload buffers.
+
+        One copy, straight into the bytes the writer stores (vLLM may reuse its blocks later).
+        """
+        offset = self._offsets.get(layer)
+        if offset is None:
+            return
+        n = kv_layer[0].numel() * kv_layer.element_size()
         for spec in meta.saves:
-            ids = torch.tensor(spec.block_ids, dtype=torch.long, device=kv_layer.device)
-            copy = kv_layer.index_select(0, ids).cpu()
             with self._lock:
-                self._staged[spec.req_id][layer] = copy
+                buf, seen = self._staged.setdefault(
+                    spec.req_id, (torch.empty((len(spec.block_ids), self.block_nbytes), dtype=torch.uint8), set()))
+                seen.add(layer)
+            for i, block_id in enumerate(spec.block_ids):
+                buf[i, offset:offset + n].view(kv_layer.dtype).view(kv_layer.shape[1:]).copy_(kv_layer[block_id])
 
     def finish_saves(self, meta: NexusKVMetadata) -> None:
         """Hand the step's completed blocks to the kernel's writer (bounded; returns at once)."""
         with self._lock:
-            staged, self._staged = self._staged, defaultdict(dict)
+            staged, self._staged = self._staged, {}
             failed, self._failed_reqs = self._failed_reqs, set()
         for spec in meta.saves:
-            layers = staged.get(spec.req_id, {})
-            if spec.req_id in failed or set(layers) != set(self.caches):
+            buf, seen = staged.get(spec.req_id, (None, set()))
+            if buf is None or spec.req_id in failed or seen != set(self.caches):
                 continue  # this step attended over a block that failed to load, or a layer never ran: not saved
-            self._commit(spec, layers)
+            self._commit(spec, buf)
 
-    def _commit(self, spec: SaveSpec, layers: dict[str, torch.Tensor]) -> None:
-        payloads: dict[tuple[int, int], bytes] = {}
-        for i, b in enumerate(spec.blocks):
-            parts = [layers[name][i].contiguous().view(torch.uint8).numpy().tobytes() for name in self.caches]
-            payloads[(b, 0)] = b"".join(parts)
+    def _commit(self, spec: SaveSpec, buf: torch.Tensor) -> None:
+        rows = buf.numpy()  # the writer keeps these views; the buffer is this step's alone
+        payloads = {(b, 0): memoryview(rows[i]) for i, b in enumerate(spec.blocks)}
         tensors = {key: self.specs for key in payloads}
         result = self.kernel.commit(spec.request, payloads, keys=spec.keys, tensors=tensors)
         with self._lock:

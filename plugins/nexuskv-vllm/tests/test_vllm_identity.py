@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from nexuskv_vllm.identity import EngineIdentity, adapter_identity, files_digest, request_scope
 from nexuskv_vllm.testing import write_lora
 

