@@ -4,7 +4,9 @@
 one token for vLLM to compute; the answer is the plan's restored tokens beyond what vLLM already holds, aligned
 to the block size (the kernel's page size is vLLM's block size). `step` turns one `SchedulerOutput` into the
 worker's metadata: the loads allocated since the last step, and every block that this step's forward completes
-(prompt or generated), to be saved. Methods take vLLM's objects but only read plain fields off them.
+(prompt or generated), to be saved. A request's identity is built once and its tokens are hashed once: a
+`KeyChain` per live request grows as the request decodes. Methods take vLLM's objects but only read plain fields
+off them.
 """
 
 from __future__ import annotations
@@ -13,15 +15,33 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from attrs import evolve
+from attrs import define, evolve, field
 
-from nexuskv import ExtraInput, Kernel, Plan, PlanAction, Request, get_logger
+from nexuskv import ExtraInput, Kernel, KeyChain, Plan, PlanAction, Request, get_logger
 from nexuskv_vllm.identity import EngineIdentity, adapter_identity, request_scope
 from nexuskv_vllm.metadata import LoadSpec, NexusKVMetadata, SaveSpec
 
 __all__ = ["SchedulerSide"]
 
 log = get_logger(__name__)
+
+
+@define
+class _Track:
+    """One live request: its kernel request (identity and prompt) and the key chain of its tokens so far."""
+
+    request: Request
+    chain: KeyChain
+    fed: int  # tokens appended to the chain
+    lock: threading.Lock = field(factory=threading.Lock)
+
+    def keys(self, tokens: Sequence[int], blocks: int) -> list[bytes]:
+        """Keys of the first `blocks` blocks; `tokens` are the request's tokens so far (vLLM only appends)."""
+        with self.lock:
+            if len(self.chain.keys) < blocks and len(tokens) > self.fed:
+                self.chain.extend(tokens[self.fed:], self.request.extra_inputs)
+                self.fed = len(tokens)
+            return self.chain.keys[:blocks]
 
 
 class SchedulerSide:
@@ -37,13 +57,13 @@ class SchedulerSide:
         self.block = engine.layout.page_size
         self.default_tenant = default_tenant
         self._lock = threading.Lock()
-        self._plans: dict[str, tuple[Request, list[bytes], Plan, int]] = {}  # req -> plan of the last query
+        self._tracks: dict[str, _Track | None] = {}  # req -> identity and keys (None: no tenant, never reused)
+        self._plans: dict[str, tuple[list[bytes], Plan, int]] = {}  # req -> plan of the last query
         self._loads: dict[str, LoadSpec] = {}  # allocated, not yet sent to the worker
         self._live: dict[str, Any] = {}  # req -> vLLM Request (its token list grows as it decodes)
         self._blocks: dict[str, list[int]] = {}  # req -> its vLLM block ids
 
     # ------------------------------------------------------------------------------------------ identity
-
     def request(self, req: Any, tokens: Sequence[int]) -> Request | None:
         """The kernel request for a vLLM request's first `tokens`; None when it has no tenant (fail closed)."""
         scope = request_scope(getattr(req, "kv_transfer_params", None), getattr(req, "cache_salt", None),
@@ -60,31 +80,41 @@ class SchedulerSide:
                        tokenizer=self.engine.tokenizer, layout=self.engine.layout, token_ids=tuple(tokens),
                        scope=scope.scope, cache_salt=scope.cache_salt, extra_inputs=extras)  # fmt: skip
 
+    def _track(self, req: Any) -> _Track | None:
+        """The request's track, built on first use (identity, then the prompt's keys); None: no tenant."""
+        rid = str(req.request_id)
+        with self._lock:
+            if rid in self._tracks:
+                return self._tracks[rid]
+        try:
+            nreq = self.request(req, list(req.prompt_token_ids or ()))
+        except (OSError, ValueError) as exc:  # an adapter without files to hash: no key, no reuse
+            log.warning("request cannot be keyed; recompute", request_id=rid, reason=str(exc))
+            nreq = None
+        track = None if nreq is None else _Track(nreq, self.kernel.session(nreq), len(nreq.token_ids))
+        with self._lock:
+            return self._tracks.setdefault(rid, track)
+
     # ------------------------------------------------------------------------------------------ loads
 
     def matched(self, req: Any, num_computed_tokens: int) -> int:
         """Tokens beyond `num_computed_tokens` that vLLM should take from NexusKV (0: compute them)."""
         rid = str(req.request_id)
-        prompt = list(req.prompt_token_ids or ())
         with self._lock:
             self._live[rid] = req
             cached = self._plans.get(rid)
-        if cached is None or len(cached[0].token_ids) != len(prompt):
-            try:
-                nreq = self.request(req, prompt)
-            except (OSError, ValueError) as exc:  # an adapter without files to hash: no key, no reuse
-                log.warning("request cannot be keyed; recompute", request_id=rid, reason=str(exc))
-                nreq = None
-            if nreq is None:
+        track = self._track(req)
+        if track is None:
+            return 0
+        if cached is None:
+            prompt = track.request.token_ids
+            keys = track.keys(prompt, (len(prompt) - 1) // self.block)  # leave a token to compute
+            if not keys:
                 return 0
-            keys = self.kernel.keys(nreq)[: (len(prompt) - 1) // self.block]  # leave a token to compute
-            plan = self.kernel.plan(nreq, keys=keys) if keys else None
-            if plan is None:
-                return 0
-            cached = (nreq, keys, plan, 0)
-        nreq, keys, plan, _ = cached
+            cached = (keys, self.kernel.plan(track.request, keys=keys), 0)
+        keys, plan, _ = cached
         with self._lock:
-            self._plans[rid] = (nreq, keys, plan, num_computed_tokens)
+            self._plans[rid] = (keys, plan, num_computed_tokens)
         if plan.action != PlanAction.MATERIALIZE:
             return 0
         return max(0, plan.tokens_reused - num_computed_tokens)
@@ -95,12 +125,13 @@ class SchedulerSide:
         with self._lock:
             self._live[rid] = req
             got = self._plans.pop(rid, None)
-            if num_external_tokens <= 0 or got is None:
+            track = self._tracks.get(rid)
+            if num_external_tokens <= 0 or got is None or track is None:
                 return
-            nreq, keys, plan, local = got
+            keys, plan, local = got
             first = local // self.block
             count = num_external_tokens // self.block
-            self._loads[rid] = LoadSpec(rid, nreq, keys, plan, first, list(block_ids[first:first + count]))
+            self._loads[rid] = LoadSpec(rid, track.request, keys, plan, first, list(block_ids[first:first + count]))
 
     # ------------------------------------------------------------------------------------------ one step
 
@@ -132,23 +163,18 @@ class SchedulerSide:
         if req is None or end <= first or end > len(block_ids):
             return None
         tokens = list(req.all_token_ids[: end * self.block])
-        if len(tokens) < end * self.block:
+        track = self._track(req)
+        if len(tokens) < end * self.block or track is None:
             return None
-        try:
-            nreq = self.request(req, tokens)
-        except (OSError, ValueError):
-            return None
-        if nreq is None:
-            return None
-        keys = self.kernel.keys(nreq)
+        keys = track.keys(tokens, end)
         todo = [b for b in range(first, end) if self.kernel.index.get(keys[b]) is None]  # held: not again
         if not todo:
             return None
-        return SaveSpec(rid, nreq, keys, todo, [block_ids[b] for b in todo])
+        return SaveSpec(rid, evolve(track.request, token_ids=tuple(tokens)), keys, todo, [block_ids[b] for b in todo])
 
     def finished(self, req: Any) -> None:
         """The request is done: forget it (its blocks were saved as they filled)."""
         rid = str(req.request_id)
         with self._lock:
-            for table in (self._plans, self._loads, self._live, self._blocks):
+            for table in (self._tracks, self._plans, self._loads, self._live, self._blocks):
                 table.pop(rid, None)
