@@ -43,7 +43,7 @@ class WorkerSide:
         self._errors: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._staged: dict[str, tuple[torch.Tensor, set[str]]] = {}  # req -> ([blocks, payload bytes], layers in)
-        self._offsets: dict[str, int] = {}  # layer -> its byte offset in a block's payload
+        self._slices: dict[str, tuple[int, int]] = {}  # layer -> (byte offset, bytes) in a block's payload
         self.block_nbytes = 0
         self.stats = {"blocks_loaded": 0, "blocks_failed": 0, "blocks_saved": 0, "saves_refused": 0}
 
@@ -54,8 +54,9 @@ class WorkerSide:
                            for name, t in self.caches.items())  # fmt: skip
         offset = 0
         for name, t in self.caches.items():
-            self._offsets[name] = offset
-            offset += t[0].numel() * t.element_size()
+            n = t[0].numel() * t.element_size()
+            self._slices[name] = (offset, n)
+            offset += n
         self.block_nbytes = offset
 
     # ------------------------------------------------------------------------------------------ loads
@@ -93,11 +94,8 @@ class WorkerSide:
             with warnings.catch_warnings():  # read-only buffer: we only copy out of it
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.frombuffer(state.payload, dtype=torch.uint8)
-            offset = 0
-            for (name, cache), ts in zip(self.caches.items(), self.specs, strict=True):
-                n = cache[0].numel() * cache.element_size()
-                mounts.append((name, block_id, raw[offset:offset + n].view(cache.dtype).view(ts.shape)))
-                offset += n
+            for (name, cache), (offset, n) in zip(self.caches.items(), self._slices.values(), strict=True):
+                mounts.append((name, block_id, raw[offset:offset + n].view(cache.dtype).view(cache.shape[1:])))
             good += 1
         if good < len(spec.block_ids) and got.reason:
             log.info("planned load incomplete; vLLM recomputes the rest", request_id=spec.req_id,
@@ -114,9 +112,8 @@ class WorkerSide:
             return "state of another model, tokenizer or layout"
         if tuple(desc.tensors) != self.specs:
             return f"tensor specs {[(t.name, t.dtype, t.shape) for t in desc.tensors][:2]}... are not this engine's"
-        want = sum(c[0].numel() * c.element_size() for c in self.caches.values())
-        if nbytes != want:
-            return f"payload of {nbytes} bytes, this engine's blocks hold {want}"
+        if nbytes != self.block_nbytes:
+            return f"payload of {nbytes} bytes, this engine's blocks hold {self.block_nbytes}"
         return ""
 
     def wait_layer(self, layer: str) -> None:
@@ -143,10 +140,9 @@ class WorkerSide:
 
         One copy, straight into the bytes the writer stores (vLLM may reuse its blocks later).
         """
-        offset = self._offsets.get(layer)
-        if offset is None:
+        if layer not in self._slices:
             return
-        n = kv_layer[0].numel() * kv_layer.element_size()
+        offset, n = self._slices[layer]
         for spec in meta.saves:
             with self._lock:
                 buf, seen = self._staged.setdefault(
