@@ -22,6 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.v1.executor.uniproc_executor import UniProcExecutor
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from nexuskv import get_logger
@@ -50,8 +51,8 @@ class NexusKVConnector(KVConnectorBase_V1):
         extra = dict(tc.kv_connector_extra_config or {})
         if "config" not in extra:
             raise ValueError("nexuskv_vllm: kv_connector_extra_config needs 'config', the kernel's TOML file")
-        backend = vllm_config.parallel_config.distributed_executor_backend
-        if backend not in ("uni", None) and not isinstance(backend, type):
+        backend = vllm_config.parallel_config.distributed_executor_backend  # resolved by vLLM before connectors
+        if not (backend == "uni" or (isinstance(backend, type) and issubclass(backend, UniProcExecutor))):
             raise ValueError(f"nexuskv_vllm needs distributed_executor_backend='uni' (got {backend!r}): the "
                              "scheduler and the worker share one kernel in the engine-core process")  # fmt: skip
         if getattr(tc, "kv_load_failure_policy", "recompute") != "recompute":
