@@ -10,9 +10,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["VOCAB", "connector_config", "example_connector_config", "write_lora", "write_tiny_llama"]
+__all__ = ["VOCAB", "Engine", "connector_config", "example_connector_config", "tokens", "write_lora",
+           "write_tiny_llama"]
 
 VOCAB = 512
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    """`n` token ids of a deterministic pseudo-random prompt (ids 3..499: no special tokens)."""
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(3, 500) for _ in range(n)]
 
 
 def write_tiny_llama(path: str | Path, *, seed: int = 0, layers: int = 2, hidden: int = 128, heads: int = 4,

@@ -97,9 +97,10 @@ def run_engine(workdir: Path, spec: dict) -> dict:
     return json.loads(out_path.read_text())
 
 
-def prompt(n: int, seed: int) -> list[int]:
-    """`n` token ids of a deterministic pseudo-random prompt."""
-    import random
+def vllm_request(rid: str, tokens: list[int], tenant: str | None):
+    """A real vLLM scheduler `Request` for `tokens`, its tenant in `kv_transfer_params`."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
 
-    rng = random.Random(seed)
-    return [rng.randrange(3, 500) for _ in range(n)]
+    extra = {"kv_transfer_params": {"tenant": tenant}} if tenant else None
+    return Request(rid, list(tokens), SamplingParams(max_tokens=512, extra_args=extra), None)

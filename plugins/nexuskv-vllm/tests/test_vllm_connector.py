@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 from nexuskv_vllm.testing import connector_config, write_tiny_llama
+from nexuskv_vllm.testing import tokens as prompt
 
-from conftest import prompt, run_engine
+from conftest import run_engine, vllm_request
 from nexuskv import slot_of
 
 pytestmark = pytest.mark.slow
@@ -53,18 +54,10 @@ def _run(engine, name: str, **kw) -> tuple[list[int], int, int]:
 def _disk_files(engine, name: str, blocks: range) -> list[str]:
     """The disk tier's files of a case's blocks (tenant t1)."""
     conn = engine.connector
-    nreq = conn.scheduler.request(_Req(CASES[name]), CASES[name])
+    nreq = conn.scheduler.request(vllm_request("probe", CASES[name], "t1"), CASES[name])
     keys = conn.kernel.keys(nreq)
     store = conn.kernel.tiers["disk"]
     return [store._file(slot_of(keys[b], 0)) for b in blocks]
-
-
-class _Req:
-    """The fields `SchedulerSide.request` reads off a vLLM request (to find a case's keys in a test)."""
-
-    def __init__(self, tokens: list[int], tenant: str = "t1") -> None:
-        self.request_id, self.prompt_token_ids = "probe", tokens
-        self.kv_transfer_params, self.cache_salt, self.lora_request = {"tenant": tenant}, None, None
 
 
 def test_shared_prefix_is_loaded_through_nexuskv_and_output_is_unchanged(engine, reference):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from nexuskv_vllm.identity import EngineIdentity
 from nexuskv_vllm.scheduler import SchedulerSide
+from nexuskv_vllm.testing import tokens as prompt
 
-from conftest import prompt
+from conftest import vllm_request
 from nexuskv import Kernel, KernelConfig, Request
 from tests.conftest import run_threads
 
@@ -22,16 +23,8 @@ def side(model_dir):
         yield SchedulerSide(k, ident, default_tenant=None)
 
 
-def _vllm_request(rid: str, tokens: list[int], tenant: str | None):
-    from vllm import SamplingParams
-    from vllm.v1.request import Request as VllmRequest
-
-    extra = {"kv_transfer_params": {"tenant": tenant}} if tenant else None
-    return VllmRequest(rid, list(tokens), SamplingParams(max_tokens=512, extra_args=extra), None)
-
-
 def _commit_prefix(side: SchedulerSide, tokens: list[int], tenant: str, blocks: int) -> None:
-    req = side.request(_vllm_request("seed", tokens, tenant), tokens[: blocks * BLOCK])
+    req = side.request(vllm_request("seed", tokens, tenant), tokens[: blocks * BLOCK])
     assert side.kernel.commit(req, [b"\x01" * 64] * blocks).accepted == blocks
     assert side.kernel.flush(10)
 
@@ -46,16 +39,16 @@ def test_plans_and_keys_from_many_threads_equal_a_single_threaded_reference(side
     _commit_prefix(side, shared, "t", 3)
     cases = [(f"r{i}", shared + prompt(20 + i, 50 + i) if i % 2 else prompt(400 + i, 60 + i), ("t", "u", None)[i % 3])
              for i in range(24)]  # fmt: skip
-    reference = {rid: side.matched(_vllm_request(rid, toks, t), 0) for rid, toks, t in cases}
+    reference = {rid: side.matched(vllm_request(rid, toks, t), 0) for rid, toks, t in cases}
     for rid, _, _ in cases:
-        side.finished(_vllm_request(rid, [1], None))
+        side.finished(vllm_request(rid, [1], None))
     assert sorted(set(reference.values())) == [0, 3 * BLOCK]  # tenant t's shared prefix is planned; the rest not
     got: dict[str, int] = {}
     keys_ok: list[bool] = []
 
     def worker(i: int) -> None:
         rid, toks, tenant = cases[i]
-        req = _vllm_request(rid, toks, tenant)
+        req = vllm_request(rid, toks, tenant)
         got[rid] = side.matched(req, 0)
         req.append_output_token_ids(prompt(2 * BLOCK, 70 + i))  # decode two more blocks
         end = len(req.all_token_ids) // BLOCK
@@ -72,7 +65,7 @@ def test_plans_and_keys_from_many_threads_equal_a_single_threaded_reference(side
 
 
 def test_a_requests_keys_grow_with_its_decode_and_are_hashed_once(side):
-    req = _vllm_request("grow", prompt(300, 80), "t")
+    req = vllm_request("grow", prompt(300, 80), "t")
     assert side.matched(req, 0) == 0
     chain = side._tracks["grow"].chain
     keys = chain.keys  # the chain's own list: extended in place, never rebuilt
