@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -39,13 +38,10 @@ MODEL = {"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 2, "intermediate": 
 SLOW_BW, SLOW_LAT_MS = 2e6, 2.0
 
 
-def _tokens(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 500) for _ in range(n)]
-
-
 def workloads() -> dict[str, list[dict]]:
     """The requests of each workload, in order, with their tenant."""
+    from nexuskv_vllm.testing import tokens as _tokens
+
     system = _tokens(1536, 1)
     chat = [{"tokens": system + _tokens(48 + 8 * i, 100 + i), "tenant": "chat"} for i in range(6)]
     docs = [_tokens(1024, 10 + d) for d in range(2)]
@@ -69,24 +65,26 @@ def serve(mode: str, model: str, config: str | None, storage: str | None) -> Non
         kv = connector_config(config, tenant="default")
     engine = Engine(model, kv_transfer_config=kv, max_model_len=4096, kv_cache_gib=2)
     print(RESULT_PREFIX + json.dumps({"ready": mode}), flush=True)
+    conn = engine.connector
     for line in sys.stdin:
         req = json.loads(line)
-        conn = engine.connector
-        stats = getattr(getattr(conn, "worker", None), "stats", None)
-        before = dict(stats) if stats else {}
-        from vllm import SamplingParams
-
+        before = _counters(conn)
         engine.llm.reset_prefix_cache()
-        params = SamplingParams(temperature=0.0, max_tokens=1,
-                                extra_args={"kv_transfer_params": {"tenant": req["tenant"]}})  # fmt: skip
         t0 = time.perf_counter()
-        engine.llm.generate([{"prompt_token_ids": req["tokens"]}], params, use_tqdm=False)
+        engine.generate(req["tokens"], tenant=req["tenant"], max_tokens=1, reset=False)
         ttft = time.perf_counter() - t0
-        if stats:
-            engine.connector.kernel.flush(30)  # outside the timing: the next request sees this one's state
-        after = dict(stats) if stats else {}
-        print(RESULT_PREFIX + json.dumps({"ttft_s": ttft, **{k: after[k] - before.get(k, 0) for k in after}}),
-              flush=True)  # fmt: skip
+        if conn is not None:
+            conn.kernel.flush(30)  # outside the timing: the next request sees this one's state
+        after = _counters(conn)
+        print(RESULT_PREFIX + json.dumps({"ttft_s": ttft, **{k: after[k] - before[k] for k in after}}), flush=True)
+
+
+def _counters(conn: object) -> dict[str, int]:
+    """The NexusKV connector's load / save counters and the kernel's deadline fallbacks ({} for other ways)."""
+    worker = getattr(conn, "worker", None)
+    if worker is None:
+        return {}
+    return {**worker.stats, "plan_fallbacks": conn.kernel.reads.deadline_fallbacks}  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------------------------ driver side
@@ -126,6 +124,7 @@ class Server:
 def calibrate(alone: Server, profile: Path) -> dict:
     """Fit base + a*L + b*L^2 to vLLM-alone TTFTs; write a cost profile with the tiers' nominal figures."""
     import numpy as np
+    from nexuskv_vllm.testing import tokens as _tokens
 
     lengths, ms = [], []
     for rep in range(3):
@@ -187,9 +186,10 @@ def summary(name: str, got: dict[str, list[dict]]) -> dict[str, float]:
         totals[mode] = total
         loads = sum(r.get("blocks_loaded", 0) for r in rows)
         failed = sum(r.get("blocks_failed", 0) for r in rows)
+        late = sum(r.get("plan_fallbacks", 0) for r in rows)
         p50 = statistics.median(r["ttft_s"] for r in rows) * 1e3
         print(f"{name:<9} {mode:<15} requests {len(rows):>3}  total {total * 1e3:8.1f} ms  median {p50:7.1f} ms  "
-              f"blocks loaded {loads:>4}  failed loads {failed}")  # fmt: skip
+              f"blocks loaded {loads:>4}  failed loads {failed}  late plans {late}")  # fmt: skip
     return totals
 
 
