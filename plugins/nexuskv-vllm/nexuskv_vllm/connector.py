@@ -112,10 +112,10 @@ class NexusKVConnector(KVConnectorBase_V1):
             self.worker.save_layer(layer_name, kv_layer, meta)
 
     def wait_for_save(self) -> None:
-        """Commit the step's completed blocks through the kernel's bounded writer."""
+        """End the step: commit its completed blocks through the kernel's bounded writer, reset its state."""
         meta = self._connector_metadata
-        if isinstance(meta, NexusKVMetadata) and meta.saves:
-            self.worker.finish_saves(meta)
+        if isinstance(meta, NexusKVMetadata):
+            self.worker.end_step(meta)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks that were planned but not mounted: vLLM recomputes them."""

@@ -7,7 +7,8 @@ this engine (identity, tensor names, dtypes, shapes, size) before any byte reach
 corrupt, slow or foreign, and every block after it, is reported to vLLM (`get_block_ids_with_load_errors`), which
 recomputes from there: vLLM never attends over random or partial data. Layers are mounted one by one as vLLM
 reaches them (`wait_for_layer_load`). Saves copy each layer's finished blocks as the layer completes and hand the
-step's payloads to the kernel's bounded writer in `wait_for_save`, so serialising and storing stay off the forward.
+step's payloads to the kernel's bounded writer in `wait_for_save` (`end_step`), so serialising and storing stay
+off the forward.
 """
 
 from __future__ import annotations
@@ -151,8 +152,11 @@ class WorkerSide:
             for i, block_id in enumerate(spec.block_ids):
                 buf[i, offset:offset + n].view(kv_layer.dtype).view(kv_layer.shape[1:]).copy_(kv_layer[block_id])
 
-    def finish_saves(self, meta: NexusKVMetadata) -> None:
-        """Hand the step's completed blocks to the kernel's writer (bounded; returns at once)."""
+    def end_step(self, meta: NexusKVMetadata) -> None:
+        """Hand the step's completed blocks to the kernel's writer (bounded; returns at once).
+
+        Called at the end of every step, saves or not: which requests failed to load is this step's alone.
+        """
         with self._lock:
             staged, self._staged = self._staged, {}
             failed, self._failed_reqs = self._failed_reqs, set()
