@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import attrs
 import click
@@ -22,7 +23,7 @@ def identity_command(model: str, dtype: str, block_size: int, kv_cache_dtype: st
     """Print the model, tokenizer and layout identity the vLLM connector derives for MODEL (a local directory)."""
     from nexuskv_vllm.identity import EngineIdentity
 
-    cfg = json.loads((__import__("pathlib").Path(model) / "config.json").read_text())
+    cfg = json.loads((Path(model) / "config.json").read_text())
     heads = int(cfg["num_attention_heads"])
     ident = EngineIdentity.build(model=model, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype,
                                  layers=int(cfg["num_hidden_layers"]),

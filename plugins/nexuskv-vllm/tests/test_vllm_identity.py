@@ -53,3 +53,16 @@ def test_request_scope_fails_closed_without_a_tenant():
     for bad in ({"tenant": ""}, {"tenant": 3}, {"scope": 1}, ["tenant"]):
         assert request_scope(bad, None, None if bad != {"scope": 1} else "d") is None
     assert request_scope(None, None, None) is None
+
+
+def test_vllm_identity_command_prints_the_models_identity(model_dir):
+    import json
+
+    from click.testing import CliRunner
+    from nexuskv_vllm.plugin import identity_command
+
+    res = CliRunner().invoke(identity_command, [str(model_dir), "--dtype", "float32"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["model"]["weights_hash"] == _build(model_dir).model.weights_hash
+    assert got["layout"]["groups"][0]["kv_heads"] == 2 and got["layout"]["page_size"] == 128
