@@ -85,6 +85,20 @@ def engine(model_dir, kernel_toml) -> Engine:
     return Engine(model_dir, kv_transfer_config=connector_config(kernel_toml, tenant="t1"), enable_lora=True)
 
 
+@pytest.fixture
+def side(model_dir):
+    """A `SchedulerSide` for the tiny model (128-token blocks) over a DRAM-only kernel of its own, no engine."""
+    from nexuskv_vllm.identity import EngineIdentity
+    from nexuskv_vllm.scheduler import SchedulerSide
+
+    from nexuskv import Kernel, KernelConfig
+
+    ident = EngineIdentity.build(model=str(model_dir), dtype="float32", layers=2, kv_heads=2, head_dim=32,
+                                 block_size=128)  # fmt: skip
+    with Kernel(KernelConfig(node="n1", page_size=128), secret=bytes(range(32))) as k:
+        yield SchedulerSide(k, ident)
+
+
 def run_engine(workdir: Path, spec: dict) -> dict:
     """Run `spec` on a fresh engine in a subprocess (see `nexuskv_vllm._run`); returns its JSON result."""
     n = len(list(workdir.glob("spec-*.json")))

@@ -3,24 +3,14 @@ reference; a request's keys are hashed once and grow with its decode, equal to h
 
 from __future__ import annotations
 
-import pytest
-from nexuskv_vllm.identity import EngineIdentity
 from nexuskv_vllm.scheduler import SchedulerSide
 from nexuskv_vllm.testing import tokens as prompt
 
 from conftest import vllm_request
-from nexuskv import Kernel, KernelConfig, Request
+from nexuskv import Request
 from tests.conftest import run_threads
 
 BLOCK = 128
-
-
-@pytest.fixture
-def side(model_dir):
-    ident = EngineIdentity.build(model=str(model_dir), dtype="float32", layers=2, kv_heads=2, head_dim=32,
-                                 block_size=BLOCK)  # fmt: skip
-    with Kernel(KernelConfig(node="n1", page_size=BLOCK), secret=bytes(range(32))) as k:
-        yield SchedulerSide(k, ident, default_tenant=None)
 
 
 def _commit_prefix(side: SchedulerSide, tokens: list[int], tenant: str, blocks: int) -> None:

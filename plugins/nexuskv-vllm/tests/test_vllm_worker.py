@@ -4,26 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nexuskv_vllm.identity import EngineIdentity
 from nexuskv_vllm.metadata import LoadSpec, NexusKVMetadata, SaveSpec
-from nexuskv_vllm.scheduler import SchedulerSide
 from nexuskv_vllm.testing import tokens
 from nexuskv_vllm.worker import WorkerSide
 
 from conftest import vllm_request
-from nexuskv import Kernel, KernelConfig, Plan, PlanSpan
+from nexuskv import Plan, PlanSpan
 
 BLOCK = 128
 
 
 @pytest.fixture
-def sides(model_dir):
-    ident = EngineIdentity.build(model=str(model_dir), dtype="float32", layers=2, kv_heads=2, head_dim=32,
-                                 block_size=BLOCK)  # fmt: skip
-    with Kernel(KernelConfig(node="n1", page_size=BLOCK), secret=bytes(range(32))) as k:
-        worker = WorkerSide(k)
-        worker.register({f"l{i}": torch.randn(8, 2, BLOCK, 16) for i in range(2)})
-        yield SchedulerSide(k, ident), worker
+def sides(side):
+    worker = WorkerSide(side.kernel)
+    worker.register({f"l{i}": torch.randn(8, 2, BLOCK, 16) for i in range(2)})
+    return side, worker
 
 
 def test_a_failed_load_blocks_only_that_steps_saves(sides):
