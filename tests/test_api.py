@@ -3,7 +3,8 @@
 import nexuskv
 
 PUBLIC = {
-    "AdapterIdentity", "BlockKeyer", "Calibration", "ChecksumError", "CodecCost", "CommitResult", "ConfigError",
+    "AdapterIdentity", "BlockKeyer", "CHAIN_PERSON", "Calibration", "ChecksumError", "CodecCost", "CommitResult",
+    "ConfigError",
     "ContractError", "ControlPlane", "CostProfile", "DictIndex", "EvictionCallback", "ExtraInput", "HeapEntry",
     "Holding", "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "Lineage", "LinkCost",
     "LoadReport", "Location", "Match", "Matcher", "Materialized", "ModelIdentity", "Namespace", "NexusKVError",

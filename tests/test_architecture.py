@@ -27,7 +27,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("request paths", {"writepath", "loadpath", "readpath"}),
     ("facade", {"kernel"}),
     ("applications", {"", "replay", "_demo", "cli", "testing", "stress", "builtins", "builtins.dram", "builtins.local",
-                      "builtins.matcher", "builtins.embedded", "builtins.shaped"}),
+                      "builtins.matcher", "builtins.keyer", "builtins.embedded", "builtins.shaped"}),
 ]  # fmt: skip
 
 

@@ -106,17 +106,15 @@ def test_a_cold_long_request_stops_hashing_when_its_deadline_passes(monkeypatch)
 
     with Kernel(KernelConfig(node="n1"), secret=SECRET) as k:
         req = _big(2048)
-        from nexuskv import identity
-        from nexuskv.keying import CHUNK_BLOCKS
-
         chunks = []
-        real = identity._chain
-        monkeypatch.setattr(identity, "_chain", lambda *a: chunks.append(1) or real(*a))
+        keyer = type(k.keyer)  # the active keyer (native when installed): both hash in chunks
+        real = keyer._blocks
+        monkeypatch.setattr(keyer, "_blocks", lambda *a: chunks.append(1) or real(*a))
         monkeypatch.setattr(time, "perf_counter", TickClock())
         plan = k.plan(req, deadline_ms=0.35)
         monkeypatch.undo()
         assert plan.action == PlanAction.RECOMPUTE and plan.reasons == ("fail-open: deadline 0.35 ms passed in keys",)
-        assert 1 <= len(chunks) <= 3 < 2048 // CHUNK_BLOCKS  # the check runs between chunks, not after the stage
+        assert 1 <= len(chunks) <= 3 < 2048 // k.keyer.deadline_chunk  # checks run between chunks, not after
         assert k.reads.deadline_fallbacks == 1
 
 

@@ -43,7 +43,7 @@ from nexuskv.errors import (
 )
 from nexuskv.eviction import HeapEntry, Lineage, parent_slot, pick_victims
 from nexuskv.hookspecs import hookimpl
-from nexuskv.identity import BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
+from nexuskv.identity import CHAIN_PERSON, BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
 from nexuskv.index import DictIndex, Holding, IndexSnapshot, Location, Match, Matcher
 from nexuskv.interfaces import (
     ControlPlane,
@@ -68,6 +68,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdapterIdentity",
     "BlockKeyer",
+    "CHAIN_PERSON",
     "Calibration",
     "ChecksumError",
     "CodecCost",

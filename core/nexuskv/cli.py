@@ -73,11 +73,13 @@ def plugins_cmd(as_json: bool) -> None:
     """List loaded plugins with versions and hooks; exit 1 if any plugin had a problem."""
     pm = PluginManager()
     infos = pm.info()
+    active = _active(pm)
     if as_json:
         click.echo(json.dumps({
             "plugins": [
                 {"name": i.name, "source": i.source, "version": i.version, "hooks": list(i.hooks)} for i in infos
             ],
+            "active": active,
             "problems": [{"plugin": p.plugin, "stage": p.stage, "message": p.message} for p in pm.problems],
         }, indent=2))  # fmt: skip
     else:
@@ -85,10 +87,25 @@ def plugins_cmd(as_json: bool) -> None:
             click.echo(f"{i.name:<20} {i.source} {i.version}")
             for h in i.hooks:
                 click.echo(f"    {h}")
+        for part, what in active.items():
+            click.echo(f"active {part}: {what}")
         for p in pm.problems:
             click.echo(f"PROBLEM {p.plugin} ({p.stage}): {p.message}", err=True)
     if pm.problems:
         sys.exit(1)
+
+
+def _active(pm: PluginManager) -> dict[str, str]:
+    """The keyer and matcher a kernel with the default config would use (class, and its module)."""
+    out = {}
+    for part, make in (("keyer", lambda: pm.keyer(b"\0" * 16, 16)), ("matcher", pm.matcher)):
+        try:
+            obj = make()
+        except Exception as exc:  # reported as a plugin problem too
+            out[part] = f"none ({exc})"
+            continue
+        out[part] = f"{type(obj).__name__} ({type(obj).__module__})"
+    return out
 
 
 @cli.group("schema")
@@ -242,11 +259,11 @@ def policy_explain(file: Path, input_file: str, kind: str | None) -> None:
 @click.option("--page-size", default=16, show_default=True)
 def keys_cmd(request_file: str, page_size: int) -> None:
     """Print the block keys of a request (secret from NEXUSKV_SECRET or the persisted secret file)."""
-    from nexuskv.identity import BlockKeyer, load_secret
+    from nexuskv.identity import load_secret
 
     try:
         req = from_dict(Request, _read_json(request_file))
-        keyer = BlockKeyer(load_secret(), page_size)
+        keyer = PluginManager().keyer(load_secret(), page_size)
     except NexusKVError as exc:
         raise click.ClickException(str(exc)) from None
     for i, k in enumerate(keyer.request_keys(req)):

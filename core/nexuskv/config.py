@@ -48,7 +48,8 @@ class KernelConfig:
     secret: str | None = None
     secret_file: str | None = None
     lease_ttl_s: float = 10.0
-    matcher: dict[str, Any] = field(factory=dict)
+    keyer: dict[str, Any] = field(factory=dict)  # [keyer] name = "native" (default when installed) or "python"
+    matcher: dict[str, Any] = field(factory=dict)  # [matcher] name = "native" (default when installed) or "dict"
     control_plane: dict[str, Any] = field(factory=dict)
     tiers: dict[str, dict[str, Any]] = field(factory=_default_tiers)
     transports: tuple[str, ...] = ("local",)

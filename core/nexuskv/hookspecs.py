@@ -31,6 +31,15 @@ def nexuskv_matcher(config: Mapping[str, Any]) -> Any:
 
 
 @hookspec(firstresult=True)
+def nexuskv_keyer(secret: bytes, page_size: int, config: Mapping[str, Any]) -> Any:
+    """Return the block keyer (a `nexuskv.BlockKeyer` subclass giving bit-identical keys), or None to pass.
+
+    The first non-None answer wins; the builtin pure-Python `BlockKeyer` answers last.
+    `config` is the `[keyer]` table of the kernel config (empty when absent).
+    """
+
+
+@hookspec(firstresult=True)
 def nexuskv_control_plane(config: Mapping[str, Any]) -> Any:
     """Return the control plane (a `nexuskv.ControlPlane`: epochs, leases, membership), or None to pass.
 

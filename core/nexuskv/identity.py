@@ -37,7 +37,9 @@ from nexuskv.contracts import (
 )
 from nexuskv.errors import ConfigError
 
-__all__ = ["DIGEST_SIZE", "BlockKeyer", "KeyChain", "PlanSeal", "checksum", "load_secret", "verify_checksum"]
+__all__ = [
+    "CHAIN_PERSON", "DIGEST_SIZE", "BlockKeyer", "KeyChain", "PlanSeal", "checksum", "load_secret", "verify_checksum",
+]  # fmt: skip
 
 DIGEST_SIZE = 16
 SECRET_ENV = "NEXUSKV_SECRET"
@@ -45,7 +47,9 @@ SECRET_FILE_ENV = "NEXUSKV_SECRET_FILE"
 _MIN_SECRET = 16
 _ROOT_PERSON = b"nexuskv.root"
 _CHECKSUM_ALGO = "blake2b-128"
-_CHAIN = hashlib.blake2b(digest_size=DIGEST_SIZE, person=b"nexuskv.block")
+CHAIN_PERSON = b"nexuskv.block"
+"""BLAKE2b personalisation of every chained block key (a native keyer must use the same)."""
+_CHAIN = hashlib.blake2b(digest_size=DIGEST_SIZE, person=CHAIN_PERSON)
 _ROOT_CACHE_SIZE = 4096
 
 
@@ -126,9 +130,17 @@ def _token_bytes(token_ids: Sequence[int]) -> bytes:
 
 
 class BlockKeyer:
-    """Computes root and block keys for one deployment secret and page size."""
+    """Computes root and block keys for one deployment secret and page size (the pure-Python reference).
+
+    A native keyer (`nexuskv_keyer` hook) subclasses it and overrides `_blocks`, the one hashing primitive;
+    every other method, and so every key, stays the same.
+    """
 
     __slots__ = ("_roots", "_secret", "page_size")
+
+    name = "python"
+    deadline_chunk = 16
+    """Blocks hashed between two deadline checks (about 15 us of hashing here)."""
 
     def __init__(self, secret: bytes, page_size: int = 16) -> None:
         if len(secret) < _MIN_SECRET:
@@ -186,9 +198,12 @@ class BlockKeyer:
         offset: int = 0,
     ) -> list[bytes]:
         """Continue a chain from `parent` over full blocks of `token_ids`, which start at position `offset`."""
+        return self._blocks(parent, token_ids, _extras_by_block(extra_inputs, self.page_size, offset))
+
+    def _blocks(self, parent: bytes, token_ids: Sequence[int], extras: dict[int, bytes]) -> list[bytes]:
+        """Chained keys of the full blocks of `token_ids` (all ids checked), `extras` by block index from 0."""
         data = _token_bytes(token_ids)
         step = self.page_size * 4
-        extras = _extras_by_block(extra_inputs, self.page_size, offset)
         return _chain(parent, data, 0, len(data) - len(data) % step, step, extras)
 
     def chunks(self, parent: bytes, token_ids: Sequence[int], extra_inputs: Iterable[ExtraInput] = (),
@@ -202,9 +217,8 @@ class BlockKeyer:
         extras = _extras_by_block(extra_inputs, page, 0)
         full = len(token_ids) - len(token_ids) % page
         for first in range(0, full, page * blocks):
-            data = _token_bytes(token_ids[first : min(full, first + page * blocks)])
             part = {b - first // page: x for b, x in extras.items()} if extras else extras
-            got = _chain(parent, data, 0, len(data), page * 4, part)
+            got = self._blocks(parent, token_ids[first : min(full, first + page * blocks)], part)
             parent = got[-1]
             yield got
 

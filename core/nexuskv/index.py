@@ -236,6 +236,9 @@ class DictIndex:
     holding pruned by `drop_location` in the meantime reads again under the lock.
     """
 
+    inline = True
+    """Bounded and honours `match(..., deadline=)`: the kernel calls it inline, not under a watchdog thread."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._map: dict[bytes, int] = {}  # bytes -> int only: the GC never tracks it

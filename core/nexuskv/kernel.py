@@ -57,7 +57,7 @@ class Kernel:
         self.plugins = plugins or PluginManager(plugin_env(cfg))
         self.node = cfg.node
         secret = secret or load_secret(cfg.secret, cfg.secret_file)
-        self.keyer = BlockKeyer(secret, cfg.page_size)
+        self.keyer: BlockKeyer = self.plugins.keyer(secret, cfg.page_size, cfg.keyer)
         self.plan_seal = PlanSeal(secret)
         self.index: Matcher = self.plugins.matcher(cfg.matcher)
         self.membership = Membership(self.plugins.control_plane(cfg.control_plane), self.node, cfg.lease_ttl_s)

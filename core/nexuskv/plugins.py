@@ -32,6 +32,7 @@ BUILTINS: dict[str, str] = {
     "dram": "nexuskv.builtins.dram",
     "local": "nexuskv.builtins.local",
     "dict-matcher": "nexuskv.builtins.matcher",
+    "python-keyer": "nexuskv.builtins.keyer",
     "embedded": "nexuskv.builtins.embedded",
     "shaped-link": "nexuskv.builtins.shaped",
 }
@@ -194,6 +195,10 @@ class PluginManager:
     def cel_functions(self) -> dict[str, Any]:
         """CEL functions by name: `(fn, arg_types, result_type)`."""
         return self.collect("nexuskv_register_cel_functions")
+
+    def keyer(self, secret: bytes, page_size: int, config: Mapping[str, Any] | None = None) -> Any:
+        """The block keyer the first answering plugin provides."""
+        return self.first("nexuskv_keyer", secret=secret, page_size=page_size, config=dict(config or {}))
 
     def matcher(self, config: Mapping[str, Any] | None = None) -> Any:
         """The matcher the first answering plugin provides."""

@@ -24,7 +24,7 @@ from nexuskv.errors import DeadlinePassed
 from nexuskv.errors import check_deadline as check
 from nexuskv.health import Health
 from nexuskv.identity import PlanSeal
-from nexuskv.index import DictIndex, Match, Matcher
+from nexuskv.index import Match, Matcher
 from nexuskv.interfaces import slot_of
 from nexuskv.keying import Keys
 from nexuskv.logs import get_logger
@@ -63,7 +63,8 @@ class ReadPath:
         self.link_load: dict[str, float] = {}  # bytes in flight per tier a caller reports (replay, schedulers)
         tiers = planner.tier_order
         self.prefetch_target = tiers[0] if len(tiers) > 1 else ""
-        self._inline_matcher = type(index) is DictIndex  # the builtin is pure, bounded Python
+        # bounded matchers that take a deadline (the builtin, the native plugin) run inline; others under a watchdog
+        self._inline_matcher = getattr(type(index), "inline", False) is True  # declared by the class, not proxied
         self._watchdog = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="nexuskv-watchdog")
         self._recent_prefetch: dict[tuple[bytes, int, str], float] = {}
         self.deadline_fallbacks = 0  # plans that answered recompute because their deadline passed

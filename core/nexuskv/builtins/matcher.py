@@ -13,5 +13,4 @@ __all__: list[str] = []
 @hookimpl(trylast=True)
 def nexuskv_matcher(config: Mapping[str, Any]) -> DictIndex | None:
     """Provide the dict index unless the config names another matcher."""
-    name = config.get("name", "dict")
-    return DictIndex() if name == "dict" else None
+    return DictIndex() if config.get("name", "dict") in ("dict", "native") else None  # native: when not installed

@@ -1,0 +1,262 @@
+"""The native index: `DictIndex`'s answers from a C open-addressing table of 16-byte keys.
+
+The table (`_native.KeyTable`) maps each key to the small-int code of an interned `Holding` and keeps a reverse
+list of entries per location; holdings, their codes and the per-location counts live here, in Python, exactly as
+in `DictIndex`. Each table call runs under the GIL without releasing it, so it is atomic for Python threads;
+writers also hold one lock. Readers take no lock: they read the code-to-holding map before the table, and a
+code made or pruned in between shows as a KeyError, after which they read again under the lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+from nexuskv import Holding, Layout, Location, Match
+from nexuskv.errors import check_deadline
+from nexuskv.kinds import group_masks
+from nexuskv_native._native import KeyTable
+
+__all__ = ["NativeIndex", "NativeSnapshot"]
+
+_MATCH_CHUNK = 512  # keys looked up between two deadline checks (about 20 us on a cold 10^6-block table)
+
+
+def _scan(table: KeyTable, decode: Mapping[int | None, Holding | None], keys: Sequence[bytes], layout: Layout,
+          deadline: float | None) -> Match:  # fmt: skip
+    paged_only = not group_masks(layout.groups)[1]  # a paged prefix cannot skip a block: stop at the first miss
+    if deadline is None:
+        codes, distinct = table.lookup(keys, paged_only)
+    else:
+        codes, distinct = [], set()
+        for i in range(0, len(keys), _MATCH_CHUNK):
+            check_deadline(deadline, "match")
+            part, seen = table.lookup(keys[i : i + _MATCH_CHUNK], paged_only)
+            codes.extend(part)
+            distinct |= seen
+            if paged_only and len(part) < len(keys[i : i + _MATCH_CHUNK]):
+                break
+    return Match(keys, None, layout, {decode[c] for c in distinct}, codes=codes, decode=decode,
+                 distinct_codes=distinct)  # fmt: skip
+
+
+class NativeSnapshot:
+    """A point-in-time copy of a native index (table copied, holdings frozen): reproducible plans."""
+
+    __slots__ = ("_holdings", "_table", "version")
+
+    def __init__(self, table: KeyTable, holdings: dict[int | None, Holding | None], version: int) -> None:
+        self._table = table
+        self._holdings = holdings
+        self.version = version
+
+    def get(self, key: bytes) -> Holding | None:
+        """Exact match: the holding of one key."""
+        return self._holdings[self._table.get(key)]
+
+    def match(self, keys: Sequence[bytes], layout: Layout) -> Match:
+        """Longest-prefix match against the snapshot."""
+        return _scan(self._table, self._holdings, keys, layout, None)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._table.keys())
+
+
+class NativeIndex:
+    """The native matcher: the `Matcher` interface and `DictIndex` semantics over 16-byte block keys."""
+
+    inline = True
+    """Bounded C code that honours `match(..., deadline=)`: the kernel calls it inline, not under a watchdog."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._table = KeyTable()
+        self._holdings: dict[int | None, Holding | None] = {None: None}  # code -> holding (None: not held)
+        self._intern: dict[tuple[tuple[Location, int], ...], Holding] = {}
+        self._codes = itertools.count()
+        self._loc_ids: dict[Location, int] = {}
+        self._counts: dict[Location, int] = {}  # blocks held per location
+        self.version = 0
+
+    # ------------------------------------------------------------------------------------------ holdings
+
+    def _holding(self, locations: Iterable[tuple[Location, int]]) -> Holding | None:
+        locs = tuple(sorted((loc, m) for loc, m in locations if m))
+        if not locs:
+            return None
+        h = self._intern.get(locs)
+        if h is None:
+            h = self._intern[locs] = Holding(locs, next(self._codes))
+            self._holdings[h.code] = h  # before the table can hold the code: readers decode through this map
+        return h
+
+    def _loc(self, location: Location) -> int:
+        got = self._loc_ids.get(location)
+        if got is None:
+            got = self._loc_ids[location] = len(self._loc_ids)
+        return got
+
+    def _gain(self, location: Location) -> None:
+        self._counts[location] = self._counts.get(location, 0) + 1
+
+    def _lose(self, location: Location) -> None:
+        left = self._counts[location] - 1
+        if left:
+            self._counts[location] = left
+        else:  # nothing left there: drop its reverse list too
+            del self._counts[location]
+            self._table.remap(self._loc_ids[location], {})
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    def insert(self, key: bytes, location: Location, group_mask: int = 1) -> None:
+        """Record that `location` holds the groups in `group_mask` for block `key`."""
+        if group_mask <= 0:
+            raise ValueError(f"group_mask must be positive, got {group_mask}")
+        with self._lock:
+            cur = self._holdings[self._table.get(key)]
+            locs = {} if cur is None else dict(cur.locations)
+            gained = not locs.get(location, 0)
+            locs[location] = locs.get(location, 0) | group_mask
+            self._table.set(key, self._holding(locs.items()).code, self._loc(location) if gained else -1)  # type: ignore[union-attr]
+            if gained:
+                self._gain(location)
+            self.version += 1
+
+    def insert_many(self, keys: Iterable[bytes], location: Location, group_mask: int = 1) -> None:
+        """`insert` for many keys at one location (a committed request's blocks); new keys never leave C."""
+        if group_mask <= 0:
+            raise ValueError(f"group_mask must be positive, got {group_mask}")
+        keys = keys if isinstance(keys, list | tuple) else list(keys)
+        with self._lock:
+            loc = self._loc(location)
+            fresh = self._holding(((location, group_mask),)).code  # type: ignore[union-attr]
+            added, clash = self._table.add_new(keys, fresh, loc)
+            self._counts[location] = self._counts.get(location, 0) + added
+            merged: dict[int, tuple[int, bool]] = {}
+            done: set[bytes] = set()
+            for i, old in clash:
+                if keys[i] in done:  # a key listed twice clashes twice: merge it once
+                    continue
+                done.add(keys[i])
+                got = merged.get(old)
+                if got is None:
+                    locs = dict(self._holdings[old].locations)  # type: ignore[union-attr]
+                    gained = not locs.get(location, 0)
+                    locs[location] = locs.get(location, 0) | group_mask
+                    got = merged[old] = (self._holding(locs.items()).code, gained)  # type: ignore[union-attr]
+                if got[0] != old:
+                    self._table.set(keys[i], got[0], loc if got[1] else -1)
+                    if got[1]:
+                        self._gain(location)
+            self.version += 1
+
+    def remove(self, key: bytes, location: Location | None = None, group_mask: int | None = None) -> bool:
+        """Forget groups (all if None) of `key` at `location` (all if None); True if anything was removed."""
+        with self._lock:
+            cur = self._holdings[self._table.get(key)]
+            if cur is None:
+                return False
+            locs = dict(cur.locations)
+            lost = []
+            for loc in list(locs) if location is None else [location]:
+                had = locs.get(loc, 0)
+                left = 0 if group_mask is None else had & ~group_mask
+                if had and left != had:
+                    locs[loc] = left
+                    if not left:
+                        lost.append(loc)
+            h = self._holding(locs.items())
+            if h is cur:
+                return False
+            if h is None:
+                self._table.delete(key)
+            else:
+                self._table.set(key, h.code)
+            for loc in lost:
+                self._lose(loc)
+            self.version += 1
+            return True
+
+    def drop_location(self, location: Location) -> int:
+        """Forget everything held at `location`; return how many blocks lost it."""
+        with self._lock:
+            return self._drop_location(location)
+
+    def _drop_location(self, location: Location) -> int:
+        if location not in self._counts:
+            return 0
+        mapping = {}
+        for code, h in list(self._holdings.items()):
+            if h is not None and any(loc == location for loc, _ in h.locations):
+                rest = self._holding((loc, m) for loc, m in h.locations if loc != location)
+                mapping[code] = -1 if rest is None else rest.code
+        count = self._table.remap(self._loc_ids[location], mapping)
+        del self._counts[location]
+        self.version += 1
+        live = self._table.used_codes()  # prune: a new map, so readers holding the old one stay consistent
+        self._holdings = {None: None, **{c: h for c, h in self._holdings.items() if c in live}}
+        self._intern = {h.locations: h for h in self._holdings.values() if h is not None}
+        return count
+
+    def drop_node(self, node: str, below_epoch: int | None = None) -> int:
+        """Forget a node's holdings (only those written before `below_epoch` if given); return blocks affected."""
+        with self._lock:
+            doomed = [loc for loc in self._counts
+                      if loc.node == node and (below_epoch is None or loc.epoch < below_epoch)]  # fmt: skip
+            return sum(self._drop_location(loc) for loc in doomed)
+
+    # ------------------------------------------------------------------------------------------ reads
+
+    def get(self, key: bytes) -> Holding | None:
+        """Exact match: the holding of one key."""
+        decode = self._holdings
+        try:
+            return decode[self._table.get(key)]
+        except KeyError:  # a holding made or pruned between the two reads: read again, consistently
+            with self._lock:
+                return self._holdings[self._table.get(key)]
+
+    def match(self, keys: Sequence[bytes], layout: Layout, deadline: float | None = None) -> Match:
+        """Longest-prefix match of a request's block keys against the live index.
+
+        With a `deadline` (a `time.perf_counter()` value), `DeadlinePassed` is raised between chunks of keys.
+        """
+        try:
+            return _scan(self._table, self._holdings, keys, layout, deadline)
+        except KeyError:
+            with self._lock:
+                return _scan(self._table, self._holdings, keys, layout, deadline)
+
+    def holdings(self) -> dict[Location, int]:
+        """Blocks held per location."""
+        with self._lock:
+            return dict(sorted(self._counts.items()))
+
+    def keys_at(self, location: Location) -> frozenset[bytes]:
+        """Keys held at one location."""
+        with self._lock:
+            if location not in self._counts:
+                return frozenset()
+            codes = {c for c, h in self._holdings.items()
+                     if h is not None and any(loc == location for loc, _ in h.locations)}  # fmt: skip
+            return frozenset(self._table.keys_at(self._loc_ids[location], codes))
+
+    def snapshot(self) -> NativeSnapshot:
+        """A read-only, point-in-time copy with the same `get` / `match`."""
+        with self._lock:
+            return NativeSnapshot(self._table.copy(), dict(self._holdings), self.version)
+
+    def nbytes(self) -> int:
+        """Bytes the C table has allocated (entries, index, reverse lists)."""
+        return self._table.nbytes()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and len(key) == 16 and self._table.get(key) is not None
