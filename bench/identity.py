@@ -1,10 +1,16 @@
-"""Block-key throughput and index longest-match latency, each against the baseline it names, plus memory.
+"""Block-key throughput, index longest-match latency and memory, and payload verification, against baselines.
 
-Run: `.venv/bin/python bench/identity.py` (about a minute). Baselines, in the same process:
+Run: `.venv/bin/python bench/identity.py` (about two minutes). Each figure is taken for the pure-Python reference
+(`BlockKeyer`, `DictIndex`) and, when the `nexuskv-native` plugin is installed, for the native ones. Baselines,
+in the same process:
 - keys: one keyed BLAKE2b over the request's token bytes (already serialised: the cheapest keyed hash of the
-  same input; our side also serialises the token ids and chains 2,048 keyed hashes);
+  same input; our side also serialises the token ids and chains 2,048 keyed hashes, one BLAKE2b compression per
+  16-token block, where the single hash needs one per 32 tokens);
 - match: plain dict lookups of the same keys in a dict of the same size, the fastest plain way
-  (`list(map(d.get, keys))`).
+  (`list(map(d.get, keys))`); ours returns the full `Match` and its longest restore point;
+- memory: everything the index allocates, traced by tracemalloc (the native table allocates with PyMem_Raw*,
+  which tracemalloc sees), per block, at 10^6 blocks;
+- integrity: verifying a 2 MiB payload's checksum against copying it into a preallocated buffer (memcpy).
 """
 
 from __future__ import annotations
@@ -21,6 +27,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, result
 from nexuskv import BlockKeyer, DictIndex, Layout, Location, ModelIdentity, Request, StateGroup, TokenizerIdentity
+from nexuskv.identity import checksum, verify_checksum
+
+try:
+    from nexuskv_native import NativeIndex, NativeKeyer
+except ImportError:  # the reference figures alone
+    NativeIndex = NativeKeyer = None  # type: ignore[assignment, misc]
 
 PAGE = 16
 TOKENS = 32 * 1024
@@ -35,6 +47,7 @@ def request(tokens: list[int], tenant: str = "acme") -> Request:
 
 
 def bench_keys(keyer: BlockKeyer) -> float:
+    print(f"[{type(keyer).__name__}]")
     tokens = [rng.randrange(128_000) for _ in range(TOKENS)]
     req = request(tokens)
     raw = array.array("I", tokens).tobytes()
@@ -53,11 +66,11 @@ def bench_keys(keyer: BlockKeyer) -> float:
     return t["keys"] / t["single"]
 
 
-def build_index(keyer: BlockKeyer, blocks: int) -> tuple[DictIndex, list[bytes], int]:
+def build_index(keyer: BlockKeyer, blocks: int, make: type = DictIndex) -> tuple[DictIndex, list[bytes], int]:
     """An index of `blocks` blocks from many 32k-token requests; returns it, one request's keys, bytes used."""
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    idx = DictIndex()
+    idx = make()
     loc = Location("dram", "node-a", 1)
     per = TOKENS // PAGE
     probe: list[bytes] = []
@@ -78,9 +91,9 @@ def build_index(keyer: BlockKeyer, blocks: int) -> tuple[DictIndex, list[bytes],
     return idx, probe, used - sys.getsizeof(probe)  # the probe list is the bench's, not the index's
 
 
-def bench_match(keyer: BlockKeyer, blocks: int) -> tuple[float, float]:
+def bench_match(keyer: BlockKeyer, blocks: int, make: type = DictIndex) -> tuple[float, float]:
     t0 = time.perf_counter()
-    idx, keys, used = build_index(keyer, blocks)
+    idx, keys, used = build_index(keyer, blocks, make)
     built = time.perf_counter() - t0
     plain = dict.fromkeys(idx.snapshot(), 1)  # a plain dict of the same keys
     assert len(plain) == blocks
@@ -90,11 +103,31 @@ def bench_match(keyer: BlockKeyer, blocks: int) -> tuple[float, float]:
     }, rounds=60, inner=5)  # fmt: skip
     assert idx.match(keys, LAYOUT).longest() == len(keys)
     per_block = used / blocks
-    print(f"index of {blocks:.0e} blocks (built in {built:.1f} s under tracemalloc): "
+    print(f"{make.__name__} of {blocks:.0e} blocks (built in {built:.1f} s under tracemalloc): "
           f"{per_block:.0f} bytes per block (keys, dict, reverse map, holdings)")
     print(f"  longest match of {len(keys)} keys: {t['match'] * 1e6:.0f} us; plain dict lookups "
           f"{t['dict'] * 1e6:.0f} us; ratio {t['match'] / t['dict']:.2f}")
     return t["match"] / t["dict"], per_block
+
+
+def bench_verify() -> float:
+    """Checksum verification of a 2 MiB payload against a memcpy of it (into a buffer made once)."""
+    payload = os.urandom(2 << 20)
+    dst = bytearray(len(payload))
+    sums = {algo: checksum(payload, algo) for algo in ("xxh3-128", "blake2b-128")}
+
+    def copy() -> None:
+        dst[:] = payload  # memoryview slice assignment: one memcpy
+
+    t = interleaved({
+        "memcpy": copy,
+        "xxh3-128": lambda: verify_checksum(payload, sums["xxh3-128"]),
+        "blake2b-128": lambda: verify_checksum(payload, sums["blake2b-128"]),
+    }, rounds=40, inner=5)  # fmt: skip
+    print(f"verify a 2 MiB payload: memcpy {t['memcpy'] * 1e6:.0f} us; xxh3-128 {t['xxh3-128'] * 1e6:.0f} us "
+          f"({t['xxh3-128'] / t['memcpy']:.2f}x); blake2b-128 (before) {t['blake2b-128'] * 1e6:.0f} us "
+          f"({t['blake2b-128'] / t['memcpy']:.2f}x)")  # fmt: skip
+    return t["xxh3-128"] / t["memcpy"]
 
 
 def main() -> None:
@@ -103,10 +136,24 @@ def main() -> None:
     r5, _ = bench_match(keyer, 10**5)
     r6, b6 = bench_match(keyer, 10**6)
     print(f"match / dict at 1e5: {r5:.2f}")
+    native = None
+    if NativeKeyer is not None:
+        nkeyer = NativeKeyer(SECRET, PAGE)
+        nkeys = bench_keys(nkeyer)
+        nr6, nb6 = bench_match(nkeyer, 10**6, NativeIndex)
+        native = (nkeys, nr6, nb6)
+    verify = bench_verify()
     result("identity.keys_over_single_hash_32k", keys_ratio, "<=", 10)
     result("index.match_over_dict_1e5", r5, "<=", 3)
     result("index.match_over_dict_1e6", r6, "<=", 3)
     result("index.bytes_per_block_1e6", b6, "<=", 300)
+    if native is None:
+        print("nexuskv-native is not installed: no native figures")
+    else:
+        result("identity.native_keys_over_single_hash_32k", native[0], "<=", 2)
+        result("index.native_bytes_per_block_1e6", native[2], "<=", 64)
+        result("index.native_match_over_dict_1e6", native[1], "<=", 1)
+    result("integrity.verify_over_memcpy_2m", verify, "<=", 0.5)
 
 
 if __name__ == "__main__":

@@ -141,9 +141,9 @@ def hand_admit(a: dict[str, Any]) -> tuple[bool, list[str], list[str]]:
     if s.nbytes > 268435456:
         deciding.append("bounded-payload")
         messages.append(f"payload of {s.nbytes} bytes exceeds 256MiB")
-    if not s.checksum.startswith("blake2b-128:"):
+    if not (s.checksum.startswith("xxh3-128:") or s.checksum.startswith("blake2b-128:")):
         deciding.append("checksummed")
-        messages.append("payload checksum must be blake2b-128")
+        messages.append("payload checksum must be xxh3-128 or blake2b-128")
     return not deciding, deciding, messages
 
 

@@ -67,3 +67,12 @@ def test_the_default_deadline_can_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("NEXUSKV_DEADLINE_MS", "soon")
     with pytest.raises(ConfigError, match="NEXUSKV_DEADLINE_MS='soon': expected a number"):
         KernelConfig()
+
+
+def test_checksum_algorithm_is_validated():
+    from nexuskv import ConfigError, KernelConfig
+
+    assert KernelConfig().checksum == "xxh3-128"
+    assert KernelConfig.from_mapping({"checksum": "blake2b-128"}).checksum == "blake2b-128"
+    with pytest.raises(ConfigError, match="checksum"):
+        KernelConfig.from_mapping({"checksum": "md5"}, origin="k.toml")

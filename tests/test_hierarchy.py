@@ -77,6 +77,25 @@ def test_store_indexes_at_this_nodes_epoch_and_load_verifies(build):
     assert slot_of(k) not in h.tiers["dram"] and h.index.get(k) is None
 
 
+def test_old_checksums_still_verify_and_unknown_ones_are_refused_without_deleting(build):
+    import attrs
+
+    from nexuskv import ChecksumError
+
+    h = build({"dram": {"store": "dram"}})
+    old, new = keys(2)
+    legacy = attrs.evolve(descriptor(h, old, b"abc", "dram"), checksum=checksum(b"abc", "blake2b-128"))
+    assert legacy.checksum.startswith("blake2b-128:") and h.put(legacy, b"abc")  # written before xxh3 was the default
+    assert bytes(h.load(old).payload) == b"abc"
+    future = attrs.evolve(descriptor(h, new, b"xyz", "dram"), checksum="sha3-256:" + "ab" * 32)
+    with pytest.raises(ChecksumError, match="unknown checksum algorithm 'sha3-256'"):
+        h.put(future, b"xyz")
+    h.tiers["dram"].put(slot_of(new), b"xyz", future)  # a newer node wrote it into a shared tier
+    h.index.insert(new, Location("dram", "n1", h.membership.epoch))
+    assert h.load(new) is None  # refused: this version cannot verify it
+    assert h.index.get(new) is None and slot_of(new) in h.tiers["dram"]  # unindexed here, kept for its readers
+
+
 def test_an_eviction_removes_exactly_that_location_and_demotes_one_tier_down(build):
     h = build({"dram": {"store": "dram", "capacity_bytes": 300}, "disk": {"store": "dram"}})
     ks = keys(4)

@@ -155,9 +155,25 @@ def test_keyer_rejects_short_secret_and_bad_page():
 
 def test_checksum_roundtrip_and_mismatch():
     c = checksum(b"payload")
-    assert verify_checksum(b"payload", c)
+    assert c.startswith("xxh3-128:") and len(c) == len("xxh3-128:") + 32
+    assert verify_checksum(b"payload", c) and verify_checksum(memoryview(b"payload"), c)
     assert not verify_checksum(b"payloaD", c)
     assert not verify_checksum(b"payload", "md5:" + c.split(":")[1])
+
+
+def test_every_known_algorithm_verifies_and_unknown_ones_never_do():
+    import hashlib
+
+    from nexuskv.identity import CHECKSUMS, DEFAULT_CHECKSUM, checksum_known
+
+    assert DEFAULT_CHECKSUM == "xxh3-128" and set(CHECKSUMS) == {"xxh3-128", "blake2b-128"}
+    legacy = "blake2b-128:" + hashlib.blake2b(b"payload", digest_size=16).hexdigest()  # descriptors before 0.2
+    assert checksum(b"payload", "blake2b-128") == legacy and verify_checksum(bytearray(b"payload"), legacy)
+    for algo in CHECKSUMS:
+        c = checksum(b"x" * 5000, algo)
+        assert checksum_known(c) and verify_checksum(b"x" * 5000, c) and not verify_checksum(b"x" * 4999, c)
+    assert not checksum_known("sha3-256:00") and not verify_checksum(b"", "sha3-256:00")
+    assert not verify_checksum(b"payload", "xxh3-128")  # no digest at all
 
 
 def test_generated_secret_directory_is_private(tmp_path):

@@ -59,6 +59,18 @@ def test_describe_is_exact_for_pages_and_checkpoints():
         assert slot_of(keys[2], 1) == keys[2] + b"\x01"
 
 
+@pytest.mark.parametrize("algo", ["xxh3-128", "blake2b-128"])
+def test_committed_state_carries_the_configured_checksum_and_loads(algo):
+    with Kernel(KernelConfig(node="n1", checksum=algo), secret=SECRET) as k:
+        req = make_request(range(64))
+        keys = k.keys(req)
+        k.commit(req, [bytes([i]) * 512 for i in range(len(keys))], keys=keys)
+        assert k.flush(5)
+        got = k.tiers["dram"].get(slot_of(keys[2]))
+        assert got.descriptor.checksum.startswith(f"{algo}:")
+        assert bytes(k.load(keys[2]).payload) == bytes([2]) * 512
+
+
 def test_prefetch_obeys_the_place_rules_as_promotion_does(tmp_path):
     """Archived state a place rule keeps on disk is never prefetched into DRAM; other state is."""
     (tmp_path / "default.toml").write_text(

@@ -20,6 +20,7 @@ from attrs import define, field
 from cattrs.v import format_exception
 
 from nexuskv.errors import ConfigError
+from nexuskv.identity import CHECKSUMS, DEFAULT_CHECKSUM
 
 __all__ = ["KernelConfig", "plugin_env"]
 
@@ -72,6 +73,8 @@ class KernelConfig:
     demote: bool = True
     promote_on_hit: bool = True  # a hit in a slower tier is copied to the tier the `place` rules choose
     eviction: str = field(default="cost", validator=attrs.validators.in_(("cost", "lru")))
+    # algorithm of the checksums written (every known one is verified); "blake2b-128" while older nodes share tiers
+    checksum: str = field(default=DEFAULT_CHECKSUM, validator=attrs.validators.in_(tuple(CHECKSUMS)))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], origin: str = "<config>") -> KernelConfig:

@@ -20,7 +20,7 @@ from nexuskv.control import Membership
 from nexuskv.cost import CostModel
 from nexuskv.errors import ChecksumError, ConfigError
 from nexuskv.health import Health
-from nexuskv.identity import verify_checksum
+from nexuskv.identity import CHECKSUMS, checksum_known, verify_checksum
 from nexuskv.index import Location, Matcher
 from nexuskv.interfaces import PersistentTierStore, StoredState, TierStore, Transport, slot_of
 from nexuskv.logs import get_logger
@@ -101,12 +101,15 @@ class Hierarchy:
         return self._reindex(tier, store)
 
     def _reindex(self, name: str, store: PersistentTierStore) -> int:
-        n = 0
+        n = unknown = 0
         for slot, desc in store.descriptors():
+            if not checksum_known(desc.checksum):  # written by a newer version: never planned here
+                unknown += 1
+                continue
             self.index.insert(slot[:-1], Location(name, desc.placement.node, desc.placement.epoch), 1 << slot[-1])
             n += 1
-        if n:
-            log.info("tier re-indexed", tier=name, payloads=n)
+        if n or unknown:
+            log.info("tier re-indexed", tier=name, payloads=n, unknown_checksum=unknown)
         return n
 
     # ------------------------------------------------------------------------------------------ evictions
@@ -155,7 +158,10 @@ class Hierarchy:
         is ever stored. A paged block whose prefix no tier holds is refused (`orphan`).
         """
         if not verify_checksum(payload, descriptor.checksum):
-            raise ChecksumError(f"payload does not match checksum of block {descriptor.key}")
+            algo = descriptor.checksum.partition(":")[0]
+            why = "does not match" if checksum_known(descriptor.checksum) else f"has an unknown checksum algorithm " \
+                f"{algo!r} (known: {', '.join(CHECKSUMS)}): it" + " does not match"  # fmt: skip
+            raise ChecksumError(f"payload {why} checksum of block {descriptor.key}")
         parent = bytes.fromhex(descriptor.parent_key) if descriptor.parent_key else None
         if self.orphan(parent, descriptor.layout, descriptor.group):
             return False
@@ -215,8 +221,7 @@ class Hierarchy:
             if got is None:
                 self._forget(key, group, name, store)
                 continue
-            if got.descriptor.key != key.hex() or not verify_checksum(got.payload, got.descriptor.checksum):
-                self.quarantine(key, group, name, reason="checksum mismatch")
+            if not self.verified(key, group, name, got, "checksum mismatch"):
                 continue
             return got
         return None
@@ -231,6 +236,23 @@ class Hierarchy:
         elif gone:
             log.info("index entry dropped: the tier no longer holds the payload", key=key.hex(), group=group,
                      tier=tier)  # fmt: skip
+
+    def verified(self, key: bytes, group: int, tier: str, got: StoredState, reason: str) -> bool:
+        """True when a payload read from `tier` is the block's and matches its checksum.
+
+        A mismatch is quarantined. A checksum this version cannot compute (written by a newer one) is refused
+        without deleting anything: the entry leaves this kernel's index, the payload stays for whoever can read it.
+        """
+        desc = got.descriptor
+        if desc.key == key.hex() and not checksum_known(desc.checksum):
+            self._unindex(key, group, tier)
+            log.warning("payload refused: unknown checksum algorithm", key=key.hex(), group=group, tier=tier,
+                        checksum=desc.checksum.partition(":")[0])  # fmt: skip
+            return False
+        if desc.key != key.hex() or not verify_checksum(got.payload, desc.checksum):
+            self.quarantine(key, group, tier, reason=reason)
+            return False
+        return True
 
     def quarantine(self, key: bytes, group: int, tier: str, reason: str) -> None:
         """Drop a bad payload from its tier and the index, and log why."""
@@ -260,8 +282,7 @@ class Hierarchy:
         if got is None:
             self._forget(slot[:-1], slot[-1], source, src)
             return False
-        if not verify_checksum(got.payload, got.descriptor.checksum):
-            self.quarantine(slot[:-1], slot[-1], source, reason="checksum mismatch during prefetch")
+        if not self.verified(slot[:-1], slot[-1], source, got, "checksum mismatch during prefetch"):
             return False
         where = target if choose is None else choose(got.descriptor)
         if where is None or where not in self.tiers:

@@ -20,10 +20,11 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import attrs
+import xxhash
 
 from nexuskv.contracts import (
     ExtraInput,
@@ -38,7 +39,8 @@ from nexuskv.contracts import (
 from nexuskv.errors import ConfigError
 
 __all__ = [
-    "CHAIN_PERSON", "DIGEST_SIZE", "BlockKeyer", "KeyChain", "PlanSeal", "checksum", "load_secret", "verify_checksum",
+    "CHAIN_PERSON", "CHECKSUMS", "DEFAULT_CHECKSUM", "DIGEST_SIZE", "BlockKeyer", "KeyChain", "PlanSeal", "checksum",
+    "checksum_known", "load_secret", "verify_checksum",
 ]  # fmt: skip
 
 DIGEST_SIZE = 16
@@ -46,7 +48,6 @@ SECRET_ENV = "NEXUSKV_SECRET"
 SECRET_FILE_ENV = "NEXUSKV_SECRET_FILE"
 _MIN_SECRET = 16
 _ROOT_PERSON = b"nexuskv.root"
-_CHECKSUM_ALGO = "blake2b-128"
 CHAIN_PERSON = b"nexuskv.block"
 """BLAKE2b personalisation of every chained block key (a native keyer must use the same)."""
 _CHAIN = hashlib.blake2b(digest_size=DIGEST_SIZE, person=CHAIN_PERSON)
@@ -298,15 +299,34 @@ class KeyChain:
         return new
 
 
-def checksum(payload: bytes | bytearray | memoryview) -> str:
-    """The checksum written into a descriptor: `blake2b-128:<hex>` of the stored payload."""
-    return f"{_CHECKSUM_ALGO}:{hashlib.blake2b(payload, digest_size=16).hexdigest()}"
+CHECKSUMS: dict[str, Callable[[bytes | bytearray | memoryview], str]] = {
+    "xxh3-128": xxhash.xxh3_128_hexdigest,
+    "blake2b-128": lambda payload: hashlib.blake2b(payload, digest_size=16).hexdigest(),
+}
+"""Payload checksum algorithms by the name a descriptor's `checksum` field starts with (`name:hexdigest`).
+
+Checksums catch corruption (a torn write, a flipped bit, a truncated file), not forgery: they were never keyed,
+and a writer to a tier could always have written a matching one. XXH3-128 checks a payload faster than it can be
+copied; BLAKE2b-128 is what descriptors written before 0.2 carry, and it still verifies.
+"""
+DEFAULT_CHECKSUM = "xxh3-128"
+
+
+def checksum(payload: bytes | bytearray | memoryview, algorithm: str = DEFAULT_CHECKSUM) -> str:
+    """The checksum written into a descriptor: `<algorithm>:<hex digest>` of the stored payload."""
+    return f"{algorithm}:{CHECKSUMS[algorithm](payload)}"
+
+
+def checksum_known(expected: str) -> bool:
+    """True when this version can verify `expected` (its algorithm is one of `CHECKSUMS`)."""
+    return expected.partition(":")[0] in CHECKSUMS
 
 
 def verify_checksum(payload: bytes | bytearray | memoryview, expected: str) -> bool:
     """True when `payload` matches `expected` (an unknown algorithm never matches)."""
-    algo, _, _ = expected.partition(":")
-    return algo == _CHECKSUM_ALGO and checksum(payload) == expected
+    algo, _, digest = expected.partition(":")
+    fn = CHECKSUMS.get(algo)
+    return fn is not None and hmac.compare_digest(fn(payload), digest)
 
 
 class PlanSeal:

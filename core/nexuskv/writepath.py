@@ -96,7 +96,7 @@ class WritePath:
             group=group,
             span=TokenSpan(start, (block + 1) * page),
             nbytes=len(payload),
-            checksum=checksum(payload),
+            checksum=checksum(payload, self.config.checksum),
             placement=self.hierarchy.placement(tier),
             usage=Usage(),
             **extra,
