@@ -20,6 +20,7 @@ import json
 import os
 import struct
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -201,9 +202,13 @@ class BlockKeyer:
         """Continue a chain from `parent` over full blocks of `token_ids`, which start at position `offset`."""
         return self._blocks(parent, token_ids, _extras_by_block(extra_inputs, self.page_size, offset))
 
-    def _blocks(self, parent: bytes, token_ids: Sequence[int], extras: dict[int, bytes]) -> list[bytes]:
-        """Chained keys of the full blocks of `token_ids` (all ids checked), `extras` by block index from 0."""
-        data = _token_bytes(token_ids)
+    def _blocks(self, parent: bytes, token_ids: Sequence[int], extras: dict[int, bytes], start: int = 0,
+                stop: int | None = None) -> list[bytes]:  # fmt: skip
+        """Chained keys of the full blocks of `token_ids[start:stop]` (all its ids checked).
+
+        `extras` maps block indexes, counted from `start`, to the bytes mixed into those blocks.
+        """
+        data = _token_bytes(token_ids[start:stop] if start or stop is not None else token_ids)
         step = self.page_size * 4
         return _chain(parent, data, 0, len(data) - len(data) % step, step, extras)
 
@@ -219,9 +224,27 @@ class BlockKeyer:
         full = len(token_ids) - len(token_ids) % page
         for first in range(0, full, page * blocks):
             part = {b - first // page: x for b, x in extras.items()} if extras else extras
-            got = self._blocks(parent, token_ids[first : min(full, first + page * blocks)], part)
+            got = self._blocks(parent, token_ids, part, first, min(full, first + page * blocks))
             parent = got[-1]
             yield got
+
+    def keys_until(self, parent: bytes, token_ids: Sequence[int], extra_inputs: Iterable[ExtraInput] = (),
+                   deadline: float | None = None) -> list[bytes]:  # fmt: skip
+        """`keys(parent, token_ids, extra_inputs)`, or the first of them when `deadline` passes first.
+
+        `deadline` is a `time.perf_counter()` value, checked before each chunk of `deadline_chunk` blocks (the
+        first included); a caller that gets fewer than `len(token_ids) // page_size` keys ran out of time.
+        """
+        if deadline is None:
+            return self.keys(parent, token_ids, extra_inputs)
+        out: list[bytes] = []
+        pieces = self.chunks(parent, token_ids, extra_inputs, self.deadline_chunk)
+        while time.perf_counter() <= deadline:
+            got = next(pieces, None)
+            if got is None:
+                break
+            out.extend(got)
+        return out
 
     def request_keys(self, request: Request) -> list[bytes]:
         """Block keys of a request (root from its identity, extras mixed into their blocks)."""

@@ -45,23 +45,19 @@ class Keys:
     def keys(self, request: Request, deadline: float | None = None) -> list[bytes]:
         """Block keys of every full block of the request (its layout's page size must be the kernel's).
 
-        With a `deadline` (a `time.perf_counter()` value) the chain is hashed in chunks of the keyer's
-        `deadline_chunk` blocks and `DeadlinePassed` is raised between chunks once it has passed.
+        With a `deadline` (a `time.perf_counter()` value) the keyer's `keys_until` stops hashing once it has
+        passed (checked between chunks, the first one included) and `DeadlinePassed` is raised.
         """
         if request.layout.page_size != self.keyer.page_size:
             raise ConfigError(f"request {request.request_id}: layout page_size {request.layout.page_size} "
                               f"is not the kernel's page_size {self.keyer.page_size}")  # fmt: skip
         if deadline is None:
             return self.keyer.request_keys(request)
-        out: list[bytes] = []
-        pieces = self.keyer.chunks(self.keyer.request_root(request), request.token_ids, request.extra_inputs,
-                                   self.keyer.deadline_chunk)  # fmt: skip
-        while True:
-            check_deadline(deadline, "keys")  # before each piece is hashed, the first one included
-            got = next(pieces, None)
-            if got is None:
-                return out
-            out.extend(got)
+        got = self.keyer.keys_until(self.keyer.request_root(request), request.token_ids, request.extra_inputs,
+                                    deadline)  # fmt: skip
+        if len(got) < len(request.token_ids) // self.keyer.page_size:
+            raise DeadlinePassed("keys")
+        return got
 
     def session(self, request: Request) -> KeyChain:
         """A key chain for a session that will grow by appending tokens (multi-turn chat, agent loops)."""

@@ -119,9 +119,17 @@ class Planner:
         if len(sources) > 255:  # pragma: no cover - more than 255 distinct sources for one request
             raise ValueError("too many distinct sources in one match")
         check(deadline, "plan (blocks)")
-        if match.codes is not None and match.decode is not None:  # the builtin index: skip decoding holdings
+        if match.codes is not None and match.decode is not None:  # an index with codes: skip decoding holdings
             by_code = {c: code_of[match.decode[c]] for c in match.distinct_codes or set(match.codes)}
-            codes = bytes(map(by_code.__getitem__, match.codes[:limit]))
+            if len(set(by_code.values())) <= 1:  # one source for every block (the common case), or no block
+                codes = bytes(by_code.values())[:1] * min(limit, len(match.codes))
+            elif None not in by_code and max(by_code) < 256:  # translate at C speed
+                table = bytearray(range(256))
+                for c, src in by_code.items():
+                    table[c] = src
+                codes = bytes(match.codes[:limit]).translate(table)
+            else:
+                codes = bytes(map(by_code.__getitem__, match.codes[:limit]))
         else:
             codes = bytes(map(code_of.__getitem__, entries[:limit]))
         gap = sources.index(("", "")) if ("", "") in sources and paged else -1

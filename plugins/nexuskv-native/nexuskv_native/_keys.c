@@ -4,38 +4,58 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "_blake2b.h"
 #include "_native.h"
 
 #define RELEASE_GIL_BLOCKS 64 /* below this, taking the GIL back costs more than other threads gain */
+#define DEADLINE_EVERY 16     /* blocks between two deadline checks (about 2.5 us of hashing) */
+#define PIPELINE_BLOCKS 512   /* from here a second thread hashes while this one reads the ids (a thread costs ~20 us) */
+#define PUBLISH_EVERY 256     /* token ids read between two progress updates to the hashing thread */
 
 static const char TOKEN_ERROR[] = "token ids must be integers in [0, 2**32)";
 
 /* One token id as uint32; -1 with ValueError set when it is not an integer in [0, 2**32). */
 static inline int token_of(PyObject *o, uint32_t *out) {
-#if PY_VERSION_HEX < 0x030C0000
     if (PyLong_CheckExact(o)) {
-        Py_ssize_t size = Py_SIZE(o);
-        if (size == 1) {
-            *out = (uint32_t)((PyLongObject *)o)->ob_digit[0]; /* one 30-bit digit */
-            return 0;
-        }
-        if (size == 0) {
+#if PY_VERSION_HEX < 0x030C0000
+        const PyLongObject *v = (const PyLongObject *)o;
+        switch (Py_SIZE(o)) { /* 30-bit digits: ids below 2**60 need at most two */
+        case 0:
             *out = 0;
             return 0;
-        }
-    }
-#else
-    if (PyLong_CheckExact(o) && PyUnstable_Long_IsCompact((PyLongObject *)o)) {
-        Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)o);
-        if (v >= 0 && v <= 0xFFFFFFFFLL) {
-            *out = (uint32_t)v;
+        case 1:
+            *out = (uint32_t)v->ob_digit[0];
             return 0;
+        case 2:
+            if (v->ob_digit[1] < 4) {
+                *out = (uint32_t)v->ob_digit[0] | ((uint32_t)v->ob_digit[1] << 30);
+                return 0;
+            }
+            break;
         }
-    }
+#else
+        if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+            Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)o);
+            if (v >= 0 && v <= 0xFFFFFFFFLL) {
+                *out = (uint32_t)v;
+                return 0;
+            }
+        } else {
+            unsigned long long v = PyLong_AsUnsignedLongLong(o);
+            if (!(v == (unsigned long long)-1 && PyErr_Occurred()) && v <= 0xFFFFFFFFULL) {
+                *out = (uint32_t)v;
+                return 0;
+            }
+            PyErr_Clear();
+        }
 #endif
+    }
     PyObject *ix = PyNumber_Index(o);
     if (ix == NULL) {
         PyErr_Clear();
@@ -53,12 +73,58 @@ static inline int token_of(PyObject *o, uint32_t *out) {
     return 0;
 }
 
-/* Hash `n` blocks: msg_i = parent || tokens of block i || extras of block i; keys written to `out` (16 bytes each). */
-static void chain_blocks(const uint64_t h0[8], const uint8_t parent[16], const uint32_t *toks, Py_ssize_t page,
-                         Py_ssize_t n, const uint8_t *xbuf, const Py_ssize_t *xoff, uint8_t *scratch, uint8_t *out) {
-    const size_t tbytes = (size_t)page * 4;
-    memcpy(scratch, parent, 16);
-    for (Py_ssize_t i = 0; i < n; i++) {
+/* Seconds on the clock time.perf_counter() reads (CLOCK_MONOTONIC on Linux). */
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One chain to hash, shared by the thread reading the ids (which holds the GIL) and the thread hashing them. */
+typedef struct {
+    const uint64_t *h0;
+    const uint8_t *parent;
+    const uint32_t *toks;
+    Py_ssize_t page, n;
+    const uint8_t *xbuf;
+    const Py_ssize_t *xoff;
+    uint8_t *scratch, *out;
+    double deadline;
+    _Atomic Py_ssize_t ready; /* token ids converted so far (the reader publishes, the hasher waits on it) */
+    _Atomic int abort;        /* the reader failed or ran out of time: stop */
+    Py_ssize_t done;          /* keys written */
+} Job;
+
+/* Wait until the ids of block i are converted; 0 when the job was aborted meanwhile. */
+static int wait_ready(Job *job, Py_ssize_t i) {
+    const Py_ssize_t need = (i + 1) * job->page;
+    for (unsigned spins = 0; atomic_load_explicit(&job->ready, memory_order_acquire) < need; spins++) {
+        if (atomic_load_explicit(&job->abort, memory_order_relaxed)) return 0;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if (spins % 1024 == 1023) sched_yield();
+    }
+    return 1;
+}
+
+/* Hash up to `n` blocks: msg_i = parent || tokens of block i || extras of block i; keys written to `out` (16 bytes
+ * each). Stops early once `deadline` (a perf_counter value) has passed, checked every DEADLINE_EVERY blocks and
+ * before the first, or when the job is aborted; returns how many keys it wrote. While `ready` is short of all the
+ * ids, another thread is still converting them: each block waits for its own. Never touches a Python object. */
+static Py_ssize_t chain_job(Job *job) {
+    const size_t tbytes = (size_t)job->page * 4;
+    const int timed = job->deadline < 1e300, piped = atomic_load(&job->ready) < job->n * job->page;
+    uint8_t *scratch = job->scratch, *out = job->out;
+    const Py_ssize_t *xoff = job->xoff;
+    memcpy(scratch, job->parent, 16);
+    for (Py_ssize_t i = 0; i < job->n; i++) {
+        if (timed && i % DEADLINE_EVERY == 0 && now() > job->deadline) return i;
+        if (piped && !wait_ready(job, i)) return i;
+        const uint32_t *toks = job->toks;
+        const Py_ssize_t page = job->page;
+        const uint8_t *xbuf = job->xbuf;
+        const uint64_t *h0 = job->h0;
         memcpy(scratch + 16, toks + i * page, tbytes); /* uint32 little-endian on little-endian hosts */
         size_t len = 16 + tbytes;
         if (xoff != NULL && xoff[i + 1] > xoff[i]) {
@@ -68,6 +134,13 @@ static void chain_blocks(const uint64_t h0[8], const uint8_t parent[16], const u
         b2_hash16(h0, scratch, len, out + 16 * i);
         memcpy(scratch, out + 16 * i, 16);
     }
+    return job->n;
+}
+
+static void *chain_thread(void *arg) {
+    Job *job = arg;
+    job->done = chain_job(job);
+    return NULL;
 }
 
 /* Collect `extras` ({block index: bytes}) into one buffer with per-block offsets (blocks past `n` are ignored). */
@@ -110,8 +183,11 @@ fail:
 PyObject *nkv_chain(PyObject *self, PyObject *args) {
     Py_buffer parent, person;
     PyObject *tokens, *extras;
-    Py_ssize_t page;
-    if (!PyArg_ParseTuple(args, "y*OnOy*:chain", &parent, &tokens, &page, &extras, &person)) return NULL;
+    Py_ssize_t page, start = 0, stop = PY_SSIZE_T_MAX;
+    double deadline = 1e308;
+    if (!PyArg_ParseTuple(args, "y*OnOy*|nnd:chain", &parent, &tokens, &page, &extras, &person, &start, &stop,
+                          &deadline))
+        return NULL;
     PyObject *result = NULL, *seq = NULL;
     uint32_t *toks = NULL;
     uint8_t *out = NULL, *scratch = NULL, *xbuf = NULL;
@@ -123,14 +199,10 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
     seq = PySequence_Fast(tokens, "token ids must be a sequence");
     if (seq == NULL) goto done;
     Py_ssize_t ntok = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    toks = PyMem_Malloc(sizeof(uint32_t) * ((size_t)ntok + 1));
-    if (toks == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < ntok; i++) /* every id is checked, the partial last block's too */
-        if (token_of(items[i], &toks[i]) < 0) goto done;
+    if (start < 0 || start > ntok) start = ntok; /* token_ids[start:stop], read in place */
+    if (stop > ntok) stop = ntok;
+    ntok = stop > start ? stop - start : 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq) + start;
     Py_ssize_t n = ntok / page;
     if (extras != Py_None && PyDict_GET_SIZE(extras) > 0) {
         if (!PyDict_Check(extras)) {
@@ -139,9 +211,10 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
         }
         if (gather_extras(extras, n, &xbuf, &xoff, &xmax) < 0) goto done;
     }
+    toks = PyMem_Malloc(sizeof(uint32_t) * ((size_t)ntok + 1));
     out = PyMem_Malloc(16 * ((size_t)n + 1));
     scratch = PyMem_Malloc(16 + 4 * (size_t)page + (size_t)xmax);
-    if (out == NULL || scratch == NULL) {
+    if (toks == NULL || out == NULL || scratch == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -149,13 +222,44 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
     memcpy(pers, person.buf, (size_t)person.len);
     uint64_t h0[8];
     b2_init_state(h0, 16, pers);
-    if (n >= RELEASE_GIL_BLOCKS) {
-        Py_BEGIN_ALLOW_THREADS
-        chain_blocks(h0, parent.buf, toks, page, n, xbuf, xoff, scratch, out);
-        Py_END_ALLOW_THREADS
-    } else {
-        chain_blocks(h0, parent.buf, toks, page, n, xbuf, xoff, scratch, out);
+    Job job = {.h0 = h0, .parent = parent.buf, .toks = toks, .page = page, .n = n, .xbuf = xbuf, .xoff = xoff,
+               .scratch = scratch, .out = out, .deadline = deadline};
+    pthread_t hasher;
+    int piped = n >= PIPELINE_BLOCKS && pthread_create(&hasher, NULL, chain_thread, &job) == 0;
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < ntok; i++) { /* every id is checked, the partial last block's too */
+        if (token_of(items[i], &toks[i]) < 0) {
+            failed = 1;
+            break;
+        }
+        if (i % PUBLISH_EVERY == PUBLISH_EVERY - 1) {
+            atomic_store_explicit(&job.ready, i + 1, memory_order_release);
+            if (deadline < 1e300 && i % 8192 == 8191 && now() > deadline) { /* a huge request: bounded too */
+                n = 0;
+                break;
+            }
+        }
     }
+    if (failed || n == 0) {
+        atomic_store(&job.abort, 1);
+    } else {
+        atomic_store_explicit(&job.ready, ntok, memory_order_release);
+    }
+    if (piped) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(hasher, NULL);
+        Py_END_ALLOW_THREADS
+    } else if (!failed && n > 0) {
+        if (n >= RELEASE_GIL_BLOCKS) {
+            Py_BEGIN_ALLOW_THREADS
+            job.done = chain_job(&job);
+            Py_END_ALLOW_THREADS
+        } else {
+            job.done = chain_job(&job);
+        }
+    }
+    if (failed) goto done;
+    n = n == 0 ? 0 : job.done;
     result = PyList_New(n);
     if (result == NULL) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -177,6 +281,8 @@ done:
     PyMem_Free(xoff);
     return result;
 }
+
+PyObject *nkv_now(PyObject *self, PyObject *unused) { return PyFloat_FromDouble(now()); }
 
 PyObject *nkv_blake2b16(PyObject *self, PyObject *args) {
     Py_buffer data, person;

@@ -5,6 +5,7 @@
 
 PyObject *nkv_chain(PyObject *self, PyObject *args);
 PyObject *nkv_blake2b16(PyObject *self, PyObject *args);
+PyObject *nkv_now(PyObject *self, PyObject *unused);
 extern PyTypeObject nkv_KeyTableType;
 
 #endif

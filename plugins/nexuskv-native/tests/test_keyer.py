@@ -101,3 +101,22 @@ def test_long_chains_from_many_threads_equal_the_reference():
         th.join()
     for t in range(16):
         assert got[t] == [want[(t + j) % 8] for j in range(8)]
+
+
+def test_keys_until_stops_at_the_deadline_in_c_and_keeps_a_true_prefix():
+    import time
+
+    ref, nat = pair(16)
+    toks = list(range(16 * 32768))  # about 1.5 ms to read the ids, 5 ms to hash them
+    want = ref.keys(b"p" * 16, toks)
+    assert abs(_native.now() - time.perf_counter()) < 0.01  # C checks the clock perf_counter reads
+    assert nat.keys_until(b"p" * 16, toks, (), time.perf_counter() - 1) == []  # checked before the first block
+    assert nat.keys_until(b"p" * 16, toks, (), None) == want
+    assert nat.keys_until(b"p" * 16, toks, (), time.perf_counter() + 60) == want
+    for keyer in (nat, ref):  # every answer is a true prefix; some deadline falls inside the hashing
+        t0 = time.perf_counter()
+        keyer.keys_until(b"p" * 16, toks, (), None)
+        full = time.perf_counter() - t0
+        parts = [keyer.keys_until(b"p" * 16, toks, (), time.perf_counter() + full * f / 10) for f in range(1, 10)]
+        assert all(p == want[: len(p)] for p in parts)
+        assert any(0 < len(p) < len(want) for p in parts), [len(p) for p in parts]
