@@ -67,7 +67,16 @@ def main() -> None:
     for m in ("nexuskv", "always"):
         print(f"answers {m}: argmax equal to never-reuse on every request: {merged.argmax_equal[m]}, "
               f"max |logit diff| {merged.max_logit_diff[m]:.1e}")  # fmt: skip
-    result("e2e.shared_nexuskv_over_never", merged.ratio("nexuskv", SHARED_PHASES), "<=", 0.5)
+    shared = [(it, o) for it, o in zip(merged.items, merged.outcomes["nexuskv"], strict=True)
+              if it.phase in SHARED_PHASES]  # fmt: skip
+    never = merged.mean_ttft("never", SHARED_PHASES)
+    parts = {part: sum(o.timings.get(f"{part}_s", 0.0) for _, o in shared) / len(shared) * 1e3
+             for part in ("plan", "restore", "prefill")}  # fmt: skip
+    print(f"shared phases, NexusKV's mean TTFT by part: plan {parts['plan']:.2f} ms, restore {parts['restore']:.2f} "
+          f"ms, prefill of the rest {parts['prefill']:.2f} ms; the rest's prefill alone is "
+          f"{parts['prefill'] / never:.3f} of never-reuse's TTFT (the floor of the ratio on this workload)")
+    result("e2e.shared_nexuskv_over_never", merged.ratio("nexuskv", SHARED_PHASES), "<=", 0.36)
+    result("e2e.shared_nexuskv_over_always", merged.ratio("nexuskv", SHARED_PHASES, base="always"), "<=", 1.0)
     result("e2e.unique_nexuskv_over_never", merged.ratio("nexuskv", ("unique",)), "<=", 1.05)
     result("e2e.slowlink_nexuskv_over_never", merged.ratio("nexuskv", ("slowlink",)), "<=", 1.05)
     result("e2e.slowlink_always_over_never", merged.ratio("always", ("slowlink",)), ">", 1.0)
