@@ -121,7 +121,8 @@ def test_a_cold_long_request_stops_hashing_when_its_deadline_passes(monkeypatch)
 def test_the_match_and_the_checkpoint_scan_stop_when_the_deadline_passes(monkeypatch):
     import time
 
-    with Kernel(KernelConfig(node="n1"), secret=SECRET) as k:
+    reference = dict(keyer={"name": "python"}, matcher={"name": "dict"})  # the clock is Python's: C reads its own
+    with Kernel(KernelConfig(node="n1", **reference), secret=SECRET) as k:
         dense, rec = _big(2048), _big(2048, kind="recurrent")
         k.index.insert_many(k.keys(dense), __import__("nexuskv").Location("dram", "n1", k.epoch))
         k.index.insert_many(k.keys(rec), __import__("nexuskv").Location("dram", "n1", k.epoch))
@@ -141,7 +142,8 @@ def test_the_match_and_the_checkpoint_scan_stop_when_the_deadline_passes(monkeyp
 def test_shared_scopes_stop_when_the_deadline_passes_and_the_own_plan_stands(monkeypatch):
     import time
 
-    cfg = KernelConfig(node="n1", policies=POLICIES, tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"}})
+    cfg = KernelConfig(node="n1", policies=POLICIES, tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"}},
+                       keyer={"name": "python"}, matcher={"name": "dict"})  # the clock is Python's (TickClock)
     with Kernel(cfg, secret=SECRET) as k:
         docs = make_request(range(16 * 600), tenant="rag", scope="docs", model=MODEL)
         k.index.insert_many(k.keys(docs), __import__("nexuskv").Location("dram", "n1", k.epoch))

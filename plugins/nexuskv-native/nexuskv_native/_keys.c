@@ -8,7 +8,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "_blake2b.h"
 #include "_native.h"
@@ -73,13 +72,6 @@ static inline int token_of(PyObject *o, uint32_t *out) {
     return 0;
 }
 
-/* Seconds on the clock time.perf_counter() reads (CLOCK_MONOTONIC on Linux). */
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* One chain to hash, shared by the thread reading the ids (which holds the GIL) and the thread hashing them. */
 typedef struct {
     const uint64_t *h0;
@@ -119,7 +111,7 @@ static Py_ssize_t chain_job(Job *job) {
     const Py_ssize_t *xoff = job->xoff;
     memcpy(scratch, job->parent, 16);
     for (Py_ssize_t i = 0; i < job->n; i++) {
-        if (timed && i % DEADLINE_EVERY == 0 && now() > job->deadline) return i;
+        if (timed && i % DEADLINE_EVERY == 0 && nkv_clock() > job->deadline) return i;
         if (piped && !wait_ready(job, i)) return i;
         const uint32_t *toks = job->toks;
         const Py_ssize_t page = job->page;
@@ -234,7 +226,7 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
         }
         if (i % PUBLISH_EVERY == PUBLISH_EVERY - 1) {
             atomic_store_explicit(&job.ready, i + 1, memory_order_release);
-            if (deadline < 1e300 && i % 8192 == 8191 && now() > deadline) { /* a huge request: bounded too */
+            if (deadline < 1e300 && i % 8192 == 8191 && nkv_clock() > deadline) { /* a huge request: bounded too */
                 n = 0;
                 break;
             }
@@ -246,6 +238,21 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
         atomic_store_explicit(&job.ready, ntok, memory_order_release);
     }
     if (piped) {
+        if (!failed && n > 0) { /* while the hasher works: make the key objects, filled in once it is done */
+            result = PyList_New(n);
+            for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+                PyObject *key = PyBytes_FromStringAndSize(NULL, 16);
+                if (key == NULL) {
+                    Py_CLEAR(result);
+                    break;
+                }
+                PyList_SET_ITEM(result, i, key);
+            }
+            if (result == NULL) {
+                failed = 1;
+                atomic_store(&job.abort, 1);
+            }
+        }
         Py_BEGIN_ALLOW_THREADS
         pthread_join(hasher, NULL);
         Py_END_ALLOW_THREADS
@@ -258,8 +265,17 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
             job.done = chain_job(&job);
         }
     }
-    if (failed) goto done;
+    if (failed) {
+        Py_CLEAR(result);
+        goto done;
+    }
     n = n == 0 ? 0 : job.done;
+    if (result != NULL) { /* made while hashing: fill in, and drop those past a deadline */
+        for (Py_ssize_t i = 0; i < n; i++) memcpy(PyBytes_AS_STRING(PyList_GET_ITEM(result, i)), out + 16 * i, 16);
+        if (n < PyList_GET_SIZE(result) && PyList_SetSlice(result, n, PyList_GET_SIZE(result), NULL) < 0)
+            Py_CLEAR(result);
+        goto done;
+    }
     result = PyList_New(n);
     if (result == NULL) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -282,7 +298,7 @@ done:
     return result;
 }
 
-PyObject *nkv_now(PyObject *self, PyObject *unused) { return PyFloat_FromDouble(now()); }
+PyObject *nkv_now(PyObject *self, PyObject *unused) { return PyFloat_FromDouble(nkv_clock()); }
 
 PyObject *nkv_blake2b16(PyObject *self, PyObject *args) {
     Py_buffer data, person;

@@ -190,12 +190,14 @@ static PyObject *KeyTable_get(KeyTable *t, PyObject *key) {
     return code_obj(t->entries[t->index[i] - 1].code);
 }
 
-/* lookup(keys, stop_at_miss) -> (codes, distinct): codes per key (None: absent), cut at the first absent key
- * when stop_at_miss; distinct is the set of codes in the list. Prefetches a few keys ahead. */
+/* lookup(keys, stop_at_miss, deadline=inf) -> (codes, distinct, timed_out): codes per key (None: absent), cut at
+ * the first absent key when stop_at_miss, or where the deadline (a perf_counter value, checked every 256 keys)
+ * passed; distinct is the set of codes in the list. Prefetches a few keys ahead. */
 static PyObject *KeyTable_lookup(KeyTable *t, PyObject *args) {
     PyObject *keys;
-    int stop;
-    if (!PyArg_ParseTuple(args, "Op:lookup", &keys, &stop)) return NULL;
+    int stop, timed_out = 0;
+    double deadline = 1e308;
+    if (!PyArg_ParseTuple(args, "Op|d:lookup", &keys, &stop, &deadline)) return NULL;
     PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -210,6 +212,10 @@ static PyObject *KeyTable_lookup(KeyTable *t, PyObject *args) {
     for (Py_ssize_t j = 0; j < n && j < AHEAD; j++)
         __builtin_prefetch(&t->index[slot_hash((const uint8_t *)PyBytes_AS_STRING(items[j])) >> t->shift]);
     for (Py_ssize_t j = 0; j < n; j++) {
+        if (deadline < 1e300 && j % 256 == 0 && nkv_clock() > deadline) {
+            timed_out = 1;
+            break;
+        }
         if (j + AHEAD < n)
             __builtin_prefetch(&t->index[slot_hash((const uint8_t *)PyBytes_AS_STRING(items[j + AHEAD])) >> t->shift]);
         if (j + AHEAD / 2 < n) {
@@ -240,7 +246,7 @@ static PyObject *KeyTable_lookup(KeyTable *t, PyObject *args) {
         Py_DECREF(c);
     }
     Py_DECREF(seq);
-    return Py_BuildValue("(NN)", codes, distinct);
+    return Py_BuildValue("(NNO)", codes, distinct, timed_out ? Py_True : Py_False);
 fail:
     Py_DECREF(seq);
     Py_XDECREF(codes);
@@ -465,7 +471,7 @@ static Py_ssize_t KeyTable_len(KeyTable *t) { return t->used; }
 
 static PyMethodDef KeyTable_methods[] = {
     {"get", (PyCFunction)KeyTable_get, METH_O, "get(key) -> code or None"},
-    {"lookup", (PyCFunction)KeyTable_lookup, METH_VARARGS, "lookup(keys, stop_at_miss) -> (codes, distinct)"},
+    {"lookup", (PyCFunction)KeyTable_lookup, METH_VARARGS, "lookup(keys, stop_at_miss, deadline=inf) -> (codes, distinct, timed_out)"},
     {"set", (PyCFunction)KeyTable_set, METH_VARARGS, "set(key, code, add_loc=-1) -> old code or None"},
     {"add_new", (PyCFunction)KeyTable_add_new, METH_VARARGS, "add_new(keys, code, loc) -> [(i, old code)]"},
     {"delete", (PyCFunction)KeyTable_delete, METH_O, "delete(key) -> old code or None"},

@@ -14,29 +14,23 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from nexuskv import Holding, Layout, Location, Match
-from nexuskv.errors import check_deadline
+from nexuskv.errors import DeadlinePassed, check_deadline
 from nexuskv.kinds import group_masks
 from nexuskv_native._native import KeyTable
 
 __all__ = ["NativeIndex", "NativeSnapshot"]
-
-_MATCH_CHUNK = 512  # keys looked up between two deadline checks (about 20 us on a cold 10^6-block table)
 
 
 def _scan(table: KeyTable, decode: Mapping[int | None, Holding | None], keys: Sequence[bytes], layout: Layout,
           deadline: float | None) -> Match:  # fmt: skip
     paged_only = not group_masks(layout.groups)[1]  # a paged prefix cannot skip a block: stop at the first miss
     if deadline is None:
-        codes, distinct = table.lookup(keys, paged_only)
-    else:
-        codes, distinct = [], set()
-        for i in range(0, len(keys), _MATCH_CHUNK):
-            check_deadline(deadline, "match")
-            part, seen = table.lookup(keys[i : i + _MATCH_CHUNK], paged_only)
-            codes.extend(part)
-            distinct |= seen
-            if paged_only and len(part) < len(keys[i : i + _MATCH_CHUNK]):
-                break
+        codes, distinct, _ = table.lookup(keys, paged_only)
+    else:  # the deadline is checked in C every 256 keys, and here before the first
+        check_deadline(deadline, "match")
+        codes, distinct, late = table.lookup(keys, paged_only, deadline)
+        if late:
+            raise DeadlinePassed("match")
     return Match(keys, None, layout, {decode[c] for c in distinct}, codes=codes, decode=decode,
                  distinct_codes=distinct)  # fmt: skip
 

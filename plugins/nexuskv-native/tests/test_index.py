@@ -104,6 +104,21 @@ TestDifferential = Differential.TestCase
 TestDifferential.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
 
 
+def test_match_stops_when_its_deadline_passes():
+    import time
+
+    from nexuskv.errors import DeadlinePassed
+
+    idx = NativeIndex()
+    keys = [bytes([i % 256, i // 256]) * 8 for i in range(4000)]
+    idx.insert_many(keys, LOCS[0])
+    with pytest.raises(DeadlinePassed, match="match"):
+        idx.match(keys, LAYOUTS[0], deadline=time.perf_counter() - 1)
+    codes, _, late = idx._table.lookup(keys, True, time.perf_counter() - 1)  # C checks before the first key
+    assert late and codes == []
+    assert idx.match(keys, LAYOUTS[0], deadline=time.perf_counter() + 60).longest() == len(keys)
+
+
 def test_snapshot_stays_frozen():
     idx = NativeIndex()
     idx.insert_many(KEYS[:4], LOCS[0])
