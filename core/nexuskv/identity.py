@@ -237,13 +237,20 @@ class BlockKeyer:
         """
         if deadline is None:
             return self.keys(parent, token_ids, extra_inputs)
+        return self._blocks_until(parent, token_ids, _extras_by_block(extra_inputs, self.page_size, 0), deadline)
+
+    def _blocks_until(self, parent: bytes, token_ids: Sequence[int], extras: dict[int, bytes],
+                      deadline: float) -> list[bytes]:  # fmt: skip
+        """`_blocks` over all of `token_ids`, in chunks, stopping between chunks once `deadline` has passed."""
         out: list[bytes] = []
-        pieces = self.chunks(parent, token_ids, extra_inputs, self.deadline_chunk)
-        while time.perf_counter() <= deadline:
-            got = next(pieces, None)
-            if got is None:
+        page, blocks = self.page_size, self.deadline_chunk
+        full = len(token_ids) - len(token_ids) % page
+        for first in range(0, full, page * blocks):
+            if time.perf_counter() > deadline:
                 break
-            out.extend(got)
+            part = {b - first // page: x for b, x in extras.items()} if extras else extras
+            stop = min(full, first + page * blocks)
+            out.extend(self._blocks(out[-1] if out else parent, token_ids, part, first, stop))
         return out
 
     def request_keys(self, request: Request) -> list[bytes]:

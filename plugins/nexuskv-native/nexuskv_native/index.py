@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from nexuskv import Holding, Layout, Location, Match
-from nexuskv.errors import DeadlinePassed, check_deadline
-from nexuskv.kinds import group_masks
+from nexuskv import DeadlinePassed, Holding, Layout, Location, Match
 from nexuskv_native._native import KeyTable
 
 __all__ = ["NativeIndex", "NativeSnapshot"]
@@ -23,11 +22,12 @@ __all__ = ["NativeIndex", "NativeSnapshot"]
 
 def _scan(table: KeyTable, decode: Mapping[int | None, Holding | None], keys: Sequence[bytes], layout: Layout,
           deadline: float | None) -> Match:  # fmt: skip
-    paged_only = not group_masks(layout.groups)[1]  # a paged prefix cannot skip a block: stop at the first miss
+    paged_only = not any(g.kind.checkpointed for g in layout.groups)  # a paged prefix stops at its first miss
     if deadline is None:
         codes, distinct, _ = table.lookup(keys, paged_only)
     else:  # the deadline is checked in C every 256 keys, and here before the first
-        check_deadline(deadline, "match")
+        if time.perf_counter() > deadline:
+            raise DeadlinePassed("match")
         codes, distinct, late = table.lookup(keys, paged_only, deadline)
         if late:
             raise DeadlinePassed("match")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from nexuskv import CHAIN_PERSON, BlockKeyer, ExtraInput
-from nexuskv.identity import _extras_by_block
+from nexuskv import CHAIN_PERSON, BlockKeyer
 from nexuskv_native import _native
 
 __all__ = ["NativeKeyer"]
@@ -27,13 +26,12 @@ class NativeKeyer(BlockKeyer):
         return _native.chain(parent, token_ids, self.page_size, extras or None, CHAIN_PERSON, start,
                              len(token_ids) if stop is None else stop)  # fmt: skip
 
-    def keys_until(self, parent: bytes, token_ids: Sequence[int], extra_inputs: Iterable[ExtraInput] = (),
-                   deadline: float | None = None) -> list[bytes]:  # fmt: skip
-        """The reference's `keys_until` in one C call: the deadline is checked in C every 16 blocks.
+    def _blocks_until(self, parent: bytes, token_ids: Sequence[int], extras: dict[int, bytes],
+                      deadline: float) -> list[bytes]:  # fmt: skip
+        """The reference's `_blocks_until` in one C call: the deadline is checked in C every 16 blocks.
 
         The GIL is released once for the whole chain (taking it back costs a switch interval when other threads
         are busy, so once per call, not once per chunk).
         """
-        extras = _extras_by_block(extra_inputs, self.page_size, 0)
         return _native.chain(parent, token_ids, self.page_size, extras or None, CHAIN_PERSON, 0, len(token_ids),
-                             1e308 if deadline is None else deadline)  # fmt: skip
+                             deadline)  # fmt: skip
