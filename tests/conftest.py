@@ -89,3 +89,50 @@ def run_threads(worker, n: int, *, switch_interval: float | None = None) -> None
         sys.setswitchinterval(old)
     if errors:
         raise errors[0]
+
+
+def check_concurrent_writers(idx, layout: Layout) -> None:
+    """Six threads, each owning one location, insert and remove the same 40 keys while reading; each thread keeps
+    a model of its location, and at the end the index must agree with every model (holdings and `keys_at`)."""
+    import random
+
+    from nexuskv import Location
+
+    keys = [bytes([i]) * 16 for i in range(40)]
+    locations = [Location(t, "n1", 1) for t in ("dram", "disk", "redis", "shm", "far", "archive")]
+    models: list[dict[bytes, int]] = [{} for _ in locations]
+    snaps: list[int] = []
+
+    def worker(n: int) -> None:
+        r, loc, model = random.Random(n), locations[n], models[n]
+        for _ in range(3000):
+            key, mask = r.choice(keys), r.choice((1, 2, 3))
+            op = r.random()
+            if op < 0.5:
+                idx.insert(key, loc, mask)
+                model[key] = model.get(key, 0) | mask
+            elif op < 0.6:
+                batch = r.sample(keys, 5)
+                idx.insert_many(batch, loc, mask)
+                for b in batch:
+                    model[b] = model.get(b, 0) | mask
+            elif op < 0.95:
+                idx.remove(key, loc, mask)
+                left = model.get(key, 0) & ~mask
+                if left:
+                    model[key] = left
+                else:
+                    model.pop(key, None)
+            else:
+                snaps.append(len(idx.snapshot()))
+                idx.match(keys, layout)
+
+    run_threads(worker, len(locations), switch_interval=1e-6)
+    for key in keys:
+        want = tuple(sorted((loc, m[key]) for loc, m in zip(locations, models, strict=True) if key in m))
+        got = idx.get(key)
+        assert (got.locations if got is not None else ()) == want, key
+    for loc, model in zip(locations, models, strict=True):
+        assert idx.keys_at(loc) == frozenset(model)
+        assert idx.holdings().get(loc, 0) == len(model)
+    assert snaps  # the readers ran alongside

@@ -192,45 +192,6 @@ TestIndexModel.settings = settings(max_examples=60, stateful_step_count=30)
 
 def test_concurrent_inserts_and_removes_at_different_locations_of_the_same_keys_are_exact():
     """Each thread owns one location and changes the same keys as the others; nothing may be lost."""
-    import random
+    from tests.conftest import check_concurrent_writers
 
-    from tests.conftest import run_threads
-
-    idx = DictIndex()
-    keys = [bytes([i]) * 16 for i in range(40)]
-    locations = [Location(t, "n1", 1) for t in ("dram", "disk", "redis", "shm", "far", "archive")]
-    models: list[dict[bytes, int]] = [{} for _ in locations]
-    snaps: list[int] = []
-
-    def worker(n: int) -> None:
-        r, loc, model = random.Random(n), locations[n], models[n]
-        for _ in range(3000):
-            key, mask = r.choice(keys), r.choice((1, 2, 3))
-            op = r.random()
-            if op < 0.5:
-                idx.insert(key, loc, mask)
-                model[key] = model.get(key, 0) | mask
-            elif op < 0.6:
-                batch = r.sample(keys, 5)
-                idx.insert_many(batch, loc, mask)
-                for b in batch:
-                    model[b] = model.get(b, 0) | mask
-            elif op < 0.95:
-                idx.remove(key, loc, mask)
-                left = model.get(key, 0) & ~mask
-                if left:
-                    model[key] = left
-                else:
-                    model.pop(key, None)
-            else:
-                snaps.append(len(idx.snapshot()))
-                idx.match(keys, DENSE)
-
-    run_threads(worker, len(locations), switch_interval=1e-6)
-    for key in keys:
-        want = tuple(sorted((loc, m[key]) for loc, m in zip(locations, models, strict=True) if key in m))
-        got = idx.get(key)
-        assert (got.locations if got is not None else ()) == want, key
-    for loc, model in zip(locations, models, strict=True):
-        assert idx.keys_at(loc) == frozenset(model)
-    assert snaps  # the readers ran alongside
+    check_concurrent_writers(DictIndex(), DENSE)

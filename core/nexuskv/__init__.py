@@ -45,7 +45,7 @@ from nexuskv.errors import (
 from nexuskv.eviction import HeapEntry, Lineage, parent_slot, pick_victims
 from nexuskv.hookspecs import hookimpl
 from nexuskv.identity import CHAIN_PERSON, BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
-from nexuskv.index import DictIndex, Holding, IndexSnapshot, Location, Match, Matcher
+from nexuskv.index import DictIndex, Holding, HoldingCodes, IndexSnapshot, Location, Match, Matcher
 from nexuskv.interfaces import (
     ControlPlane,
     EvictionCallback,
@@ -84,6 +84,7 @@ __all__ = [
     "ExtraInput",
     "HeapEntry",
     "Holding",
+    "HoldingCodes",
     "IndexSnapshot",
     "Kernel",
     "KernelConfig",

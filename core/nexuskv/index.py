@@ -9,62 +9,17 @@ interface (`Matcher`), and `Match` turns its per-block answers into restore poin
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from nexuskv.contracts import Layout
 from nexuskv.errors import check_deadline
+from nexuskv.holding import Holding, HoldingCodes, Location
 from nexuskv.kinds import group_masks, longest_restore_point
 
-__all__ = ["DictIndex", "Holding", "IndexSnapshot", "Location", "Match", "Matcher"]
-
-
-class Location(NamedTuple):
-    """A place a block can be held: tier, node and the node's epoch when it was written."""
-
-    tier: str
-    node: str
-    epoch: int = 0
-
-
-class Holding:
-    """Immutable, interned: where one block is held, and which state groups each location holds for it."""
-
-    __slots__ = ("_cache", "code", "locations", "mask")
-
-    def __init__(self, locations: tuple[tuple[Location, int], ...], code: int = 0) -> None:
-        self.code = code
-        self.locations = locations
-        mask = 0
-        for _, m in locations:
-            mask |= m
-        self.mask = mask
-        self._cache: dict[tuple[str | None, str | None], int] = {}
-
-    def mask_at(self, tier: str | None = None, node: str | None = None) -> int:
-        """Groups held at locations matching `tier` and `node` (None matches any)."""
-        if tier is None and node is None:
-            return self.mask
-        k = (tier, node)
-        got = self._cache.get(k)
-        if got is None:
-            got = 0
-            for loc, m in self.locations:
-                if (tier is None or loc.tier == tier) and (node is None or loc.node == node):
-                    got |= m
-            self._cache[k] = got
-        return got
-
-    def tiers(self) -> set[str]:
-        """Tier names holding any part of the block."""
-        return {loc.tier for loc, _ in self.locations}
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{loc.tier}@{loc.node}#{loc.epoch}:{m:b}" for loc, m in self.locations)
-        return f"Holding({inner})"
+__all__ = ["DictIndex", "Holding", "HoldingCodes", "IndexSnapshot", "Location", "Match", "Matcher"]
 
 
 class Match:
@@ -242,21 +197,9 @@ class DictIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._map: dict[bytes, int] = {}  # bytes -> int only: the GC never tracks it
-        self._holdings: dict[int | None, Holding | None] = {None: None}  # code -> holding (None: not held)
-        self._intern: dict[tuple[tuple[Location, int], ...], Holding] = {}
+        self._codes = HoldingCodes()  # code -> interned holding; `_codes.decode` is what readers read
         self._by_loc: dict[Location, dict[bytes, None]] = {}  # dicts of bytes -> None: untracked, like _map
-        self._codes = itertools.count()
         self.version = 0
-
-    def _holding(self, locations: Iterable[tuple[Location, int]]) -> Holding | None:
-        locs = tuple(sorted((loc, m) for loc, m in locations if m))
-        if not locs:
-            return None
-        h = self._intern.get(locs)
-        if h is None:
-            h = self._intern[locs] = Holding(locs, next(self._codes))
-            self._holdings[h.code] = h
-        return h
 
     def insert(self, key: bytes, location: Location, group_mask: int = 1) -> None:
         """Record that `location` holds the groups in `group_mask` for block `key`."""
@@ -266,13 +209,13 @@ class DictIndex:
             self._insert(key, location, group_mask)
 
     def _insert(self, key: bytes, location: Location, group_mask: int) -> None:
-        cur = self._holdings[self._map.get(key)]
+        cur = self._codes.decode[self._map.get(key)]
         if cur is None:
             locs: dict[Location, int] = {location: group_mask}
         else:
             locs = dict(cur.locations)
             locs[location] = locs.get(location, 0) | group_mask
-        self._map[key] = self._holding(locs.items()).code  # type: ignore[union-attr]
+        self._map[key] = self._codes.intern(locs.items()).code  # type: ignore[union-attr]
         self._by_loc.setdefault(location, {})[key] = None
         self.version += 1
 
@@ -284,7 +227,7 @@ class DictIndex:
             self._insert_many(keys, location, group_mask)
 
     def _insert_many(self, keys: Iterable[bytes], location: Location, group_mask: int) -> None:
-        fresh = self._holding(((location, group_mask),))
+        fresh = self._codes.intern(((location, group_mask),))
         code = fresh.code  # type: ignore[union-attr]
         held = self._by_loc.setdefault(location, {})
         m = self._map
@@ -293,9 +236,9 @@ class DictIndex:
             if cur is None:
                 m[key] = code
             elif cur != code:
-                locs = dict(self._holdings[cur].locations)  # type: ignore[union-attr]
+                locs = dict(self._codes.decode[cur].locations)  # type: ignore[union-attr]
                 locs[location] = locs.get(location, 0) | group_mask
-                m[key] = self._holding(locs.items()).code  # type: ignore[union-attr]
+                m[key] = self._codes.intern(locs.items()).code  # type: ignore[union-attr]
             held[key] = None
         self.version += 1
 
@@ -305,7 +248,7 @@ class DictIndex:
             return self._remove(key, location, group_mask)
 
     def _remove(self, key: bytes, location: Location | None, group_mask: int | None) -> bool:
-        cur = self._holdings[self._map.get(key)]
+        cur = self._codes.decode[self._map.get(key)]
         if cur is None:
             return False
         locs = dict(cur.locations)
@@ -328,7 +271,7 @@ class DictIndex:
                         del self._by_loc[loc]
         if not changed:
             return False
-        h = self._holding(locs.items())
+        h = self._codes.intern(locs.items())
         if h is None:
             del self._map[key]
         else:
@@ -344,17 +287,15 @@ class DictIndex:
     def _drop_location(self, location: Location) -> int:
         keys = self._by_loc.pop(location, {})
         for key in keys:
-            cur = self._holdings[self._map[key]]
-            h = self._holding((loc, m) for loc, m in cur.locations if loc != location)  # type: ignore[union-attr]
+            cur = self._codes.decode[self._map[key]]
+            h = self._codes.intern((loc, m) for loc, m in cur.locations if loc != location)  # type: ignore[union-attr]
             if h is None:
                 del self._map[key]
             else:
                 self._map[key] = h.code
         if keys:
             self.version += 1
-            live = set(self._map.values())
-            self._holdings = {None: None, **{c: h for c, h in self._holdings.items() if c in live}}
-            self._intern = {h.locations: h for c, h in self._holdings.items() if h is not None}
+            self._codes.prune(set(self._map.values()))
         return len(keys)
 
     def drop_node(self, node: str, below_epoch: int | None = None) -> int:
@@ -367,10 +308,10 @@ class DictIndex:
     def get(self, key: bytes) -> Holding | None:
         """Exact match: the holding of one key."""
         try:
-            return self._holdings[self._map.get(key)]
+            return self._codes.decode[self._map.get(key)]
         except KeyError:  # its holding was pruned between the two reads: read again, consistently
             with self._lock:
-                return self._holdings[self._map.get(key)]
+                return self._codes.decode[self._map.get(key)]
 
     def match(self, keys: Sequence[bytes], layout: Layout, deadline: float | None = None) -> Match:
         """Longest-prefix match of a request's block keys against the live index.
@@ -378,10 +319,10 @@ class DictIndex:
         With a `deadline` (a `time.perf_counter()` value), `DeadlinePassed` is raised between chunks of keys.
         """
         try:
-            return _scan(self._map.get, self._holdings, keys, layout, deadline)
+            return _scan(self._map.get, self._codes.decode, keys, layout, deadline)
         except KeyError:  # a holding was pruned (or a new one made) mid-scan: scan again under the lock
             with self._lock:
-                return _scan(self._map.get, self._holdings, keys, layout, deadline)
+                return _scan(self._map.get, self._codes.decode, keys, layout, deadline)
 
     def holdings(self) -> dict[Location, int]:
         """Blocks held per location."""
@@ -396,7 +337,7 @@ class DictIndex:
     def snapshot(self) -> IndexSnapshot:
         """A read-only, point-in-time copy with the same `get` / `match`."""
         with self._lock:
-            return IndexSnapshot(dict(self._map), dict(self._holdings), self.version)
+            return IndexSnapshot(dict(self._map), dict(self._codes.decode), self.version)
 
     def __len__(self) -> int:
         return len(self._map)

@@ -1,20 +1,20 @@
 """The native index: `DictIndex`'s answers from a C open-addressing table of 16-byte keys.
 
 The table (`_native.KeyTable`) maps each key to the small-int code of an interned `Holding` and keeps a reverse
-list of entries per location; holdings, their codes and the per-location counts live here, in Python, exactly as
-in `DictIndex`. Each table call runs under the GIL without releasing it, so it is atomic for Python threads;
-writers also hold one lock. Readers take no lock: they read the code-to-holding map before the table, and a
-code made or pruned in between shows as a KeyError, after which they read again under the lock.
+list of entries per location; holdings and their codes (`HoldingCodes`, shared with `DictIndex`) and the
+per-location counts live here, in Python. Each table call runs under the GIL without releasing it, so it is
+atomic for Python threads; writers also hold one lock. Readers take no lock: they read the code-to-holding map
+before the table, and a code made or pruned in between shows as a KeyError, after which they read again under
+the lock.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from nexuskv import DeadlinePassed, Holding, Layout, Location, Match
+from nexuskv import DeadlinePassed, Holding, HoldingCodes, Layout, Location, Match
 from nexuskv_native._native import KeyTable
 
 __all__ = ["NativeIndex", "NativeSnapshot"]
@@ -69,24 +69,12 @@ class NativeIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._table = KeyTable()
-        self._holdings: dict[int | None, Holding | None] = {None: None}  # code -> holding (None: not held)
-        self._intern: dict[tuple[tuple[Location, int], ...], Holding] = {}
-        self._codes = itertools.count()
+        self._codes = HoldingCodes()  # code -> interned holding; `_codes.decode` is what readers read
         self._loc_ids: dict[Location, int] = {}
         self._counts: dict[Location, int] = {}  # blocks held per location
         self.version = 0
 
-    # ------------------------------------------------------------------------------------------ holdings
-
-    def _holding(self, locations: Iterable[tuple[Location, int]]) -> Holding | None:
-        locs = tuple(sorted((loc, m) for loc, m in locations if m))
-        if not locs:
-            return None
-        h = self._intern.get(locs)
-        if h is None:
-            h = self._intern[locs] = Holding(locs, next(self._codes))
-            self._holdings[h.code] = h  # before the table can hold the code: readers decode through this map
-        return h
+    # ------------------------------------------------------------------------------------------ locations
 
     def _loc(self, location: Location) -> int:
         got = self._loc_ids.get(location)
@@ -112,11 +100,11 @@ class NativeIndex:
         if group_mask <= 0:
             raise ValueError(f"group_mask must be positive, got {group_mask}")
         with self._lock:
-            cur = self._holdings[self._table.get(key)]
+            cur = self._codes.decode[self._table.get(key)]
             locs = {} if cur is None else dict(cur.locations)
             gained = not locs.get(location, 0)
             locs[location] = locs.get(location, 0) | group_mask
-            self._table.set(key, self._holding(locs.items()).code, self._loc(location) if gained else -1)  # type: ignore[union-attr]
+            self._table.set(key, self._codes.intern(locs.items()).code, self._loc(location) if gained else -1)  # type: ignore[union-attr]
             if gained:
                 self._gain(location)
             self.version += 1
@@ -128,7 +116,7 @@ class NativeIndex:
         keys = keys if isinstance(keys, list | tuple) else list(keys)
         with self._lock:
             loc = self._loc(location)
-            fresh = self._holding(((location, group_mask),)).code  # type: ignore[union-attr]
+            fresh = self._codes.intern(((location, group_mask),)).code  # type: ignore[union-attr]
             added, clash = self._table.add_new(keys, fresh, loc)
             self._counts[location] = self._counts.get(location, 0) + added
             merged: dict[int, tuple[int, bool]] = {}
@@ -139,10 +127,10 @@ class NativeIndex:
                 done.add(keys[i])
                 got = merged.get(old)
                 if got is None:
-                    locs = dict(self._holdings[old].locations)  # type: ignore[union-attr]
+                    locs = dict(self._codes.decode[old].locations)  # type: ignore[union-attr]
                     gained = not locs.get(location, 0)
                     locs[location] = locs.get(location, 0) | group_mask
-                    got = merged[old] = (self._holding(locs.items()).code, gained)  # type: ignore[union-attr]
+                    got = merged[old] = (self._codes.intern(locs.items()).code, gained)  # type: ignore[union-attr]
                 if got[0] != old:
                     self._table.set(keys[i], got[0], loc if got[1] else -1)
                     if got[1]:
@@ -152,7 +140,7 @@ class NativeIndex:
     def remove(self, key: bytes, location: Location | None = None, group_mask: int | None = None) -> bool:
         """Forget groups (all if None) of `key` at `location` (all if None); True if anything was removed."""
         with self._lock:
-            cur = self._holdings[self._table.get(key)]
+            cur = self._codes.decode[self._table.get(key)]
             if cur is None:
                 return False
             locs = dict(cur.locations)
@@ -164,7 +152,7 @@ class NativeIndex:
                     locs[loc] = left
                     if not left:
                         lost.append(loc)
-            h = self._holding(locs.items())
+            h = self._codes.intern(locs.items())
             if h is cur:
                 return False
             if h is None:
@@ -185,16 +173,14 @@ class NativeIndex:
         if location not in self._counts:
             return 0
         mapping = {}
-        for code, h in list(self._holdings.items()):
+        for code, h in list(self._codes.decode.items()):
             if h is not None and any(loc == location for loc, _ in h.locations):
-                rest = self._holding((loc, m) for loc, m in h.locations if loc != location)
+                rest = self._codes.intern((loc, m) for loc, m in h.locations if loc != location)
                 mapping[code] = -1 if rest is None else rest.code
         count = self._table.remap(self._loc_ids[location], mapping)
         del self._counts[location]
         self.version += 1
-        live = self._table.used_codes()  # prune: a new map, so readers holding the old one stay consistent
-        self._holdings = {None: None, **{c: h for c, h in self._holdings.items() if c in live}}
-        self._intern = {h.locations: h for h in self._holdings.values() if h is not None}
+        self._codes.prune(self._table.used_codes())
         return count
 
     def drop_node(self, node: str, below_epoch: int | None = None) -> int:
@@ -208,12 +194,12 @@ class NativeIndex:
 
     def get(self, key: bytes) -> Holding | None:
         """Exact match: the holding of one key."""
-        decode = self._holdings
+        decode = self._codes.decode
         try:
             return decode[self._table.get(key)]
         except KeyError:  # a holding made or pruned between the two reads: read again, consistently
             with self._lock:
-                return self._holdings[self._table.get(key)]
+                return self._codes.decode[self._table.get(key)]
 
     def match(self, keys: Sequence[bytes], layout: Layout, deadline: float | None = None) -> Match:
         """Longest-prefix match of a request's block keys against the live index.
@@ -221,10 +207,10 @@ class NativeIndex:
         With a `deadline` (a `time.perf_counter()` value), `DeadlinePassed` is raised between chunks of keys.
         """
         try:
-            return _scan(self._table, self._holdings, keys, layout, deadline)
+            return _scan(self._table, self._codes.decode, keys, layout, deadline)
         except KeyError:
             with self._lock:
-                return _scan(self._table, self._holdings, keys, layout, deadline)
+                return _scan(self._table, self._codes.decode, keys, layout, deadline)
 
     def holdings(self) -> dict[Location, int]:
         """Blocks held per location."""
@@ -236,14 +222,14 @@ class NativeIndex:
         with self._lock:
             if location not in self._counts:
                 return frozenset()
-            codes = {c for c, h in self._holdings.items()
+            codes = {c for c, h in self._codes.decode.items()
                      if h is not None and any(loc == location for loc, _ in h.locations)}  # fmt: skip
             return frozenset(self._table.keys_at(self._loc_ids[location], codes))
 
     def snapshot(self) -> NativeSnapshot:
         """A read-only, point-in-time copy with the same `get` / `match`."""
         with self._lock:
-            return NativeSnapshot(self._table.copy(), dict(self._holdings), self.version)
+            return NativeSnapshot(self._table.copy(), dict(self._codes.decode), self.version)
 
     def nbytes(self) -> int:
         """Bytes the C table has allocated (entries, index, reverse lists)."""

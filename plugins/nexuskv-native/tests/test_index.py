@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from nexuskv import DictIndex, Layout, Location, Matcher, StateGroup
 from nexuskv_native import NativeIndex, NativeSnapshot
-from tests.conftest import run_threads
+from tests.conftest import check_concurrent_writers, run_threads
 
 LAYOUTS = [
     Layout(groups=[StateGroup(kind="dense", layers=1)]),
@@ -161,42 +161,7 @@ def test_memory_is_counted_by_tracemalloc_and_small():
 
 def test_concurrent_writers_at_different_locations_are_exact():
     """Each thread owns one location and changes the same keys; nothing may be lost (as for DictIndex)."""
-    idx = NativeIndex()
-    locations = [Location(t, "n1", 1) for t in ("dram", "disk", "redis", "shm", "far", "archive")]
-    models: list[dict[bytes, int]] = [{} for _ in locations]
-
-    def worker(n: int) -> None:
-        r, loc, model = random.Random(n), locations[n], models[n]
-        for _ in range(3000):
-            key, mask = r.choice(KEYS), r.choice((1, 2, 3))
-            op = r.random()
-            if op < 0.5:
-                idx.insert(key, loc, mask)
-                model[key] = model.get(key, 0) | mask
-            elif op < 0.6:
-                batch = r.sample(KEYS, 5)
-                idx.insert_many(batch, loc, mask)
-                for b in batch:
-                    model[b] = model.get(b, 0) | mask
-            elif op < 0.95:
-                idx.remove(key, loc, mask)
-                left = model.get(key, 0) & ~mask
-                if left:
-                    model[key] = left
-                else:
-                    model.pop(key, None)
-            else:
-                idx.match(KEYS, LAYOUTS[4])
-                idx.snapshot()
-
-    run_threads(worker, len(locations), switch_interval=1e-6)
-    for key in KEYS:
-        want = tuple(sorted((loc, m[key]) for loc, m in zip(locations, models, strict=True) if key in m))
-        got = idx.get(key)
-        assert (got.locations if got is not None else ()) == want
-    for loc, model in zip(locations, models, strict=True):
-        assert idx.keys_at(loc) == frozenset(model)
-        assert idx.holdings().get(loc, 0) == len(model)
+    check_concurrent_writers(NativeIndex(), LAYOUTS[4])
 
 
 def test_readers_stay_exact_while_holdings_are_made_and_pruned():
