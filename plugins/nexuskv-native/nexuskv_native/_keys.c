@@ -14,7 +14,7 @@
 
 #define RELEASE_GIL_BLOCKS 64 /* below this, taking the GIL back costs more than other threads gain */
 #define DEADLINE_EVERY 16     /* blocks between two deadline checks (about 2.5 us of hashing) */
-#define PIPELINE_BLOCKS 512   /* from here a second thread hashes while this one reads the ids (a thread costs ~20 us) */
+static Py_ssize_t pipeline_blocks = 512; /* from here a second thread hashes while this one reads the ids */
 #define PUBLISH_EVERY 256     /* token ids read between two progress updates to the hashing thread */
 
 static const char TOKEN_ERROR[] = "token ids must be integers in [0, 2**32)";
@@ -217,7 +217,7 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
     Job job = {.h0 = h0, .parent = parent.buf, .toks = toks, .page = page, .n = n, .xbuf = xbuf, .xoff = xoff,
                .scratch = scratch, .out = out, .deadline = deadline};
     pthread_t hasher;
-    int piped = n >= PIPELINE_BLOCKS && pthread_create(&hasher, NULL, chain_thread, &job) == 0;
+    int piped = pipeline_blocks > 0 && n >= pipeline_blocks && pthread_create(&hasher, NULL, chain_thread, &job) == 0;
     int failed = 0;
     for (Py_ssize_t i = 0; i < ntok; i++) { /* every id is checked, the partial last block's too */
         if (token_of(items[i], &toks[i]) < 0) {
@@ -296,6 +296,14 @@ done:
     PyMem_Free(xbuf);
     PyMem_Free(xoff);
     return result;
+}
+
+PyObject *nkv_pipeline(PyObject *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t old = pipeline_blocks;
+    pipeline_blocks = n;
+    return PyLong_FromSsize_t(old);
 }
 
 PyObject *nkv_now(PyObject *self, PyObject *unused) { return PyFloat_FromDouble(nkv_clock()); }

@@ -8,6 +8,9 @@ static PyMethodDef methods[] = {
     {"chain", nkv_chain, METH_VARARGS,
      "chain(parent, token_ids, page, extras, person, start=0, stop=len, deadline=inf) -> 16-byte keys of the full "
      "blocks of token_ids[start:stop]; fewer when the deadline (a perf_counter value) passed first"},
+    {"pipeline", nkv_pipeline, METH_O,
+     "pipeline(min_blocks) -> the previous value: chains from this many blocks are hashed by a second thread while "
+     "the ids are read (0: never)"},
     {"now", nkv_now, METH_NOARGS, "now() -> the clock chain() checks deadlines on (time.perf_counter's)"},
     {"blake2b16", nkv_blake2b16, METH_VARARGS, "blake2b16(data, person) -> 16-byte BLAKE2b digest"},
     {NULL, NULL, 0, NULL},

@@ -14,6 +14,7 @@ static inline double nkv_clock(void) {
 PyObject *nkv_chain(PyObject *self, PyObject *args);
 PyObject *nkv_blake2b16(PyObject *self, PyObject *args);
 PyObject *nkv_now(PyObject *self, PyObject *unused);
+PyObject *nkv_pipeline(PyObject *self, PyObject *arg);
 extern PyTypeObject nkv_KeyTableType;
 
 #endif

@@ -79,6 +79,22 @@ def test_big_and_index_like_ints_are_accepted_like_the_reference():
     assert nat.keys(b"p" * 16, toks) == ref.keys(b"p" * 16, toks)
 
 
+@pytest.mark.parametrize("pipeline", [0, 1, 64])  # never piped, always piped (even one block), from 64 blocks
+def test_both_hashing_paths_give_the_same_keys(pipeline):
+    ref, nat = pair(16)
+    old = _native.pipeline(pipeline)
+    try:
+        for n in (0, 15, 16, 17, 16 * 63, 16 * 64 + 3, 16 * 700):
+            toks = [(i * 7919) % 2**32 for i in range(n)]
+            xs = [ExtraInput(position=n // 2, digest="ab" * 8)] if n else []
+            assert nat.keys(b"p" * 16, toks, xs) == ref.keys(b"p" * 16, toks, xs)
+            assert nat.keys_until(b"p" * 16, toks, xs, 1e18) == ref.keys(b"p" * 16, toks, xs)
+        with pytest.raises(ValueError, match="token ids"):
+            nat.keys(b"p" * 16, [1] * (16 * 100) + [-1])  # the reader fails while the hasher waits: no hang
+    finally:
+        _native.pipeline(old)
+
+
 def test_person_is_the_kernels():
     assert CHAIN_PERSON == b"nexuskv.block"
     assert NativeKeyer.name == "native" and NativeKeyer.deadline_chunk > BlockKeyer.deadline_chunk
