@@ -217,6 +217,9 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
     Job job = {.h0 = h0, .parent = parent.buf, .toks = toks, .page = page, .n = n, .xbuf = xbuf, .xoff = xoff,
                .scratch = scratch, .out = out, .deadline = deadline};
     pthread_t hasher;
+    /* With a deadline (a plan), the GIL is kept: taking it back from busy threads can cost a whole switch
+     * interval (5 ms), far past any planning deadline. Without one, other threads run while this one hashes. */
+    const int release = deadline >= 1e300;
     int piped = pipeline_blocks > 0 && n >= pipeline_blocks && pthread_create(&hasher, NULL, chain_thread, &job) == 0;
     int failed = 0;
     for (Py_ssize_t i = 0; i < ntok; i++) { /* every id is checked, the partial last block's too */
@@ -253,11 +256,15 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
                 atomic_store(&job.abort, 1);
             }
         }
-        Py_BEGIN_ALLOW_THREADS
-        pthread_join(hasher, NULL);
-        Py_END_ALLOW_THREADS
+        if (release) {
+            Py_BEGIN_ALLOW_THREADS
+            pthread_join(hasher, NULL);
+            Py_END_ALLOW_THREADS
+        } else {
+            pthread_join(hasher, NULL);
+        }
     } else if (!failed && n > 0) {
-        if (n >= RELEASE_GIL_BLOCKS) {
+        if (release && n >= RELEASE_GIL_BLOCKS) {
             Py_BEGIN_ALLOW_THREADS
             job.done = chain_job(&job);
             Py_END_ALLOW_THREADS
