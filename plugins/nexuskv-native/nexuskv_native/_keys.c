@@ -12,7 +12,7 @@
 #include "_blake2b.h"
 #include "_native.h"
 
-#define RELEASE_GIL_BLOCKS 64 /* below this, taking the GIL back costs more than other threads gain */
+#define RELEASE_GIL_BLOCKS 512 /* below (~80 us of hashing), taking the GIL back costs more than others gain */
 #define DEADLINE_EVERY 16     /* blocks between two deadline checks (about 2.5 us of hashing) */
 static Py_ssize_t pipeline_blocks = 512; /* from here a second thread hashes while this one reads the ids */
 #define PUBLISH_EVERY 256     /* token ids read between two progress updates to the hashing thread */

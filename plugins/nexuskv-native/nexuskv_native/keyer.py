@@ -24,7 +24,7 @@ class NativeKeyer(BlockKeyer):
                 stop: int | None = None) -> list[bytes]:  # fmt: skip
         """The reference's `_blocks`, in C: `token_ids[start:stop]` is read in place, not copied.
 
-        The GIL is released while chains of 64 blocks or more hash.
+        The GIL is released while chains of 512 blocks or more hash.
         """
         return _native.chain(parent, token_ids, self.page_size, extras or None, CHAIN_PERSON, start,
                              len(token_ids) if stop is None else stop)  # fmt: skip
