@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 
-from _common import result
+from _common import machine_speed, result
 from nexuskv import Kernel
 from nexuskv.logs import configure_logging
 from nexuskv_transformers.calibrate import calibrate, plot, save
@@ -38,6 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     configure_logging(level="warning", force=True)
     torch.set_grad_enabled(False)
+    print(machine_speed())
     model = build_model("dense", size="demo")
     print(f"model {model.identity.name}: {model.kv_bytes_per_token()} bytes of KV per token, "
           f"{torch.get_num_threads()} torch threads")  # fmt: skip

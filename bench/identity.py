@@ -25,7 +25,7 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved, result
+from _common import interleaved, machine_speed, result
 from nexuskv import BlockKeyer, DictIndex, Layout, Location, ModelIdentity, Request, StateGroup, TokenizerIdentity
 from nexuskv.identity import checksum, verify_checksum
 
@@ -131,6 +131,7 @@ def bench_verify() -> float:
 
 
 def main() -> None:
+    print(machine_speed())
     keyer = BlockKeyer(SECRET, PAGE)
     keys_ratio = bench_keys(keyer)
     r5, _ = bench_match(keyer, 10**5)

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import result
+from _common import machine_speed, result
 from nexuskv import Kernel, KernelConfig, Layout, Location, ModelIdentity, Request, StateGroup, TokenizerIdentity
 from nexuskv.logs import configure_logging
 
@@ -150,6 +150,7 @@ def main() -> None:
                               "disk": {"store": "disk", "path": tmp, "capacity_bytes": "1GiB", "fsync": False}},
                        **reference)  # fmt: skip
     with Kernel(cfg, secret=os.urandom(32)) as k:
+        print(machine_speed())
         print(f"keyer {type(k.keyer).__name__}, matcher {type(k.index).__name__}")
         ps = k.policies.for_tenant("chat")
         print(f"policy chat: {sum(len(ps.rules[x]) for x in ps.rules)} rules; "
