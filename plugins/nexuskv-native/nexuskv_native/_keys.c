@@ -95,7 +95,7 @@ static int wait_ready(Job *job, Py_ssize_t i) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif
-        if (spins % 1024 == 1023) sched_yield();
+        if (spins % 64 == 63) sched_yield(); /* a few us: give the core back when the reader shares it */
     }
     return 1;
 }
