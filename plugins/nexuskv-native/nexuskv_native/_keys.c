@@ -19,10 +19,11 @@ static Py_ssize_t pipeline_blocks = 512; /* from here a second thread hashes whi
 
 static const char TOKEN_ERROR[] = "token ids must be integers in [0, 2**32)";
 
-/* One token id as uint32; -1 with ValueError set when it is not an integer in [0, 2**32). */
+/* One token id as uint32: 0 when read directly, 1 when Python code ran to read it (`__index__`, which may have
+ * changed the sequence being read), -1 with ValueError set when it is not an integer in [0, 2**32). */
 static inline int token_of(PyObject *o, uint32_t *out) {
     if (PyLong_CheckExact(o)) {
-#if PY_VERSION_HEX < 0x030C0000
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
         const PyLongObject *v = (const PyLongObject *)o;
         switch (Py_SIZE(o)) { /* 30-bit digits: ids below 2**60 need at most two */
         case 0:
@@ -38,38 +39,44 @@ static inline int token_of(PyObject *o, uint32_t *out) {
             }
             break;
         }
-#else
+#elif PY_VERSION_HEX >= 0x030C0000
         if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
             Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)o);
             if (v >= 0 && v <= 0xFFFFFFFFLL) {
                 *out = (uint32_t)v;
                 return 0;
             }
-        } else {
-            unsigned long long v = PyLong_AsUnsignedLongLong(o);
-            if (!(v == (unsigned long long)-1 && PyErr_Occurred()) && v <= 0xFFFFFFFFULL) {
-                *out = (uint32_t)v;
-                return 0;
-            }
-            PyErr_Clear();
         }
 #endif
-    }
-    PyObject *ix = PyNumber_Index(o);
-    if (ix == NULL) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s: %R is not an integer", TOKEN_ERROR, o);
-        return -1;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(ix);
-    Py_DECREF(ix);
-    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > 0xFFFFFFFFULL) {
+        unsigned long long big = PyLong_AsUnsignedLongLong(o); /* an exact int: no Python code runs */
+        if (!(big == (unsigned long long)-1 && PyErr_Occurred()) && big <= 0xFFFFFFFFULL) {
+            *out = (uint32_t)big;
+            return 0;
+        }
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "%s: %R is out of range", TOKEN_ERROR, o);
         return -1;
     }
-    *out = (uint32_t)v;
-    return 0;
+    Py_INCREF(o); /* __index__ may drop the sequence's reference to it */
+    int rc = 1;
+    PyObject *ix = PyNumber_Index(o);
+    if (ix == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: %R is not an integer", TOKEN_ERROR, o);
+        rc = -1;
+    } else {
+        unsigned long long v = PyLong_AsUnsignedLongLong(ix);
+        Py_DECREF(ix);
+        if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > 0xFFFFFFFFULL) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s: %R is out of range", TOKEN_ERROR, o);
+            rc = -1;
+        } else {
+            *out = (uint32_t)v;
+        }
+    }
+    Py_DECREF(o);
+    return rc;
 }
 
 /* One chain to hash, shared by the thread reading the ids (which holds the GIL) and the thread hashing them. */
@@ -141,7 +148,10 @@ static int gather_extras(PyObject *extras, Py_ssize_t n, uint8_t **xbuf, Py_ssiz
     PyObject *k, *v;
     *xmax = 0;
     Py_ssize_t *len = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    if (len == NULL) return -1;
+    if (len == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     while (PyDict_Next(extras, &pos, &k, &v)) {
         Py_ssize_t b = PyLong_AsSsize_t(k);
         if (b == -1 && PyErr_Occurred()) goto fail;
@@ -191,17 +201,21 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
     seq = PySequence_Fast(tokens, "token ids must be a sequence");
     if (seq == NULL) goto done;
     Py_ssize_t ntok = PySequence_Fast_GET_SIZE(seq);
-    if (start < 0 || start > ntok) start = ntok; /* token_ids[start:stop], read in place */
+    if (start < 0 || stop < 0) {
+        PyErr_SetString(PyExc_ValueError, "chain: start and stop must not be negative");
+        goto done;
+    }
+    if (start > ntok) start = ntok; /* token_ids[start:stop], read in place */
     if (stop > ntok) stop = ntok;
     ntok = stop > start ? stop - start : 0;
     PyObject **items = PySequence_Fast_ITEMS(seq) + start;
     Py_ssize_t n = ntok / page;
-    if (extras != Py_None && PyDict_GET_SIZE(extras) > 0) {
+    if (extras != Py_None) {
         if (!PyDict_Check(extras)) {
             PyErr_SetString(PyExc_TypeError, "extras must be a dict or None");
             goto done;
         }
-        if (gather_extras(extras, n, &xbuf, &xoff, &xmax) < 0) goto done;
+        if (PyDict_GET_SIZE(extras) > 0 && gather_extras(extras, n, &xbuf, &xoff, &xmax) < 0) goto done;
     }
     toks = PyMem_Malloc(sizeof(uint32_t) * ((size_t)ntok + 1));
     out = PyMem_Malloc(16 * ((size_t)n + 1));
@@ -222,8 +236,17 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
     const int release = deadline >= 1e300;
     int piped = pipeline_blocks > 0 && n >= pipeline_blocks && pthread_create(&hasher, NULL, chain_thread, &job) == 0;
     int failed = 0;
+    const Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < ntok; i++) { /* every id is checked, the partial last block's too */
-        if (token_of(items[i], &toks[i]) < 0) {
+        int got = token_of(items[i], &toks[i]);
+        if (got == 1) { /* Python code ran: the sequence (a list) may have changed under us */
+            if (PySequence_Fast_GET_SIZE(seq) != size) {
+                PyErr_SetString(PyExc_RuntimeError, "token ids changed while they were read");
+                got = -1;
+            }
+            items = PySequence_Fast_ITEMS(seq) + start;
+        }
+        if (got < 0) {
             failed = 1;
             break;
         }

@@ -14,6 +14,20 @@
 #include "_native.h"
 
 #define FREE_CODE 0xFFFFFFFFu
+#define MAX_LOCATIONS (1 << 24) /* location ids index an array of reverse lists */
+
+/* A code in [0, FREE_CODE) and a location id in [-1, MAX_LOCATIONS); -1 with OverflowError set otherwise. */
+static int check_code_loc(Py_ssize_t code, Py_ssize_t loc) {
+    if (code < 0 || (uint64_t)code >= FREE_CODE) {
+        PyErr_Format(PyExc_OverflowError, "code %zd is not in [0, 2**32 - 1)", code);
+        return -1;
+    }
+    if (loc < -1 || loc >= MAX_LOCATIONS) {
+        PyErr_Format(PyExc_OverflowError, "location id %zd is not in [-1, %d)", loc, MAX_LOCATIONS);
+        return -1;
+    }
+    return 0;
+}
 
 #pragma pack(push, 1)
 typedef struct {
@@ -101,6 +115,7 @@ static Py_ssize_t add(KeyTable *t, const uint8_t *key, uint32_t code, uint64_t i
         e = t->free_head - 1;
         memcpy(&t->free_head, t->entries[e].key, 4);
     } else {
+        if (t->nentries >= (Py_ssize_t)FREE_CODE - 1) return -1; /* entry numbers + 1 are uint32 */
         if (t->nentries == t->capentries) {
             Py_ssize_t cap = t->capentries ? t->capentries * 2 : 1024;
             Entry *grown = PyMem_RawRealloc(t->entries, (size_t)cap * sizeof(Entry));
@@ -257,18 +272,18 @@ fail:
 /* set(key, code, add_loc=-1) -> old code or None; appends the entry to location add_loc's reverse list. */
 static PyObject *KeyTable_set(KeyTable *t, PyObject *args) {
     PyObject *key;
-    unsigned long code;
-    Py_ssize_t loc = -1;
+    Py_ssize_t code, loc = -1;
     const uint8_t *k;
-    if (!PyArg_ParseTuple(args, "Ok|n:set", &key, &code, &loc) || key_of(key, &k) < 0) return NULL;
-    if (code >= FREE_CODE) return PyErr_Format(PyExc_OverflowError, "code %lu too large", code);
+    if (!PyArg_ParseTuple(args, "On|n:set", &key, &code, &loc) || key_of(key, &k) < 0) return NULL;
+    if (check_code_loc(code, loc) < 0) return NULL;
     int found;
     uint64_t i = probe(t, k, &found);
     PyObject *old;
     Py_ssize_t e;
     if (found) {
         e = t->index[i] - 1;
-        old = code_obj(t->entries[e].code);
+        old = code_obj(t->entries[e].code); /* made before anything changes */
+        if (old == NULL) return NULL;
         t->entries[e].code = (uint32_t)code;
     } else {
         e = add(t, k, (uint32_t)code, i);
@@ -286,10 +301,9 @@ static PyObject *KeyTable_set(KeyTable *t, PyObject *args) {
  * with another code are left as they are and returned, for the caller to merge. */
 static PyObject *KeyTable_add_new(KeyTable *t, PyObject *args) {
     PyObject *keys;
-    unsigned long code;
-    Py_ssize_t loc;
-    if (!PyArg_ParseTuple(args, "Okn:add_new", &keys, &code, &loc)) return NULL;
-    if (code >= FREE_CODE) return PyErr_Format(PyExc_OverflowError, "code %lu too large", code);
+    Py_ssize_t code, loc;
+    if (!PyArg_ParseTuple(args, "Onn:add_new", &keys, &code, &loc)) return NULL;
+    if (check_code_loc(code, loc) < 0) return NULL;
     PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -338,7 +352,7 @@ static PyObject *KeyTable_delete(KeyTable *t, PyObject *key) {
     uint64_t i = probe(t, k, &found);
     if (!found) Py_RETURN_NONE;
     PyObject *old = code_obj(t->entries[t->index[i] - 1].code);
-    del_at(t, i);
+    if (old != NULL) del_at(t, i); /* nothing changes unless the answer can be returned */
     return old;
 }
 
@@ -348,6 +362,13 @@ static PyObject *KeyTable_remap(KeyTable *t, PyObject *args) {
     Py_ssize_t loc, count = 0;
     PyObject *mapping;
     if (!PyArg_ParseTuple(args, "nO!:remap", &loc, &PyDict_Type, &mapping)) return NULL;
+    Py_ssize_t pos = 0;
+    PyObject *from, *into;
+    while (PyDict_Next(mapping, &pos, &from, &into)) { /* every value checked before anything changes */
+        Py_ssize_t v = PyLong_AsSsize_t(into);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (v != -1 && check_code_loc(v, -1) < 0) return NULL;
+    }
     if (loc < 0 || loc >= t->nrev) return PyLong_FromLong(0);
     RevList r = t->rev[loc];
     t->rev[loc].ids = NULL;
@@ -364,8 +385,7 @@ static PyObject *KeyTable_remap(KeyTable *t, PyObject *args) {
             if (PyErr_Occurred()) goto fail;
             continue;
         }
-        long v = PyLong_AsLong(to);
-        if (v == -1 && PyErr_Occurred()) goto fail;
+        Py_ssize_t v = PyLong_AsSsize_t(to); /* checked above */
         count++;
         if (v >= 0) {
             en->code = (uint32_t)v;

@@ -104,6 +104,23 @@ TestDifferential = Differential.TestCase
 TestDifferential.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
 
 
+def test_codes_and_location_ids_out_of_range_are_refused_and_change_nothing():
+    from nexuskv_native._native import KeyTable
+
+    t = KeyTable()
+    key = bytes(16)
+    for code, loc in ((2**32 - 1, -1), (-1, -1), (2**40, -1), (1, 2**61), (1, 2**24), (1, -2)):
+        with pytest.raises(OverflowError):
+            t.set(key, code, loc)
+        with pytest.raises(OverflowError):
+            t.add_new([key], code, loc)
+    assert len(t) == 0 and t.get(key) is None
+    t.set(key, 3, 0)
+    with pytest.raises(OverflowError):
+        t.remap(0, {3: 2**32 - 1})  # refused before anything changes: the key and its list stay
+    assert t.get(key) == 3 and t.remap(0, {3: -1}) == 1 and t.get(key) is None
+
+
 def test_match_stops_when_its_deadline_passes():
     import time
 

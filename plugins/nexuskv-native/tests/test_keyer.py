@@ -95,6 +95,37 @@ def test_both_hashing_paths_give_the_same_keys(pipeline):
         _native.pipeline(old)
 
 
+def test_an_index_method_that_changes_the_list_is_an_error_not_a_crash():
+    toks = list(range(16 * 40))
+
+    class Shrinks:
+        def __index__(self):
+            toks.clear()  # the list being read loses every item, this one included
+            return 5
+
+    toks[3] = Shrinks()
+    with pytest.raises(RuntimeError, match="changed while they were read"):
+        _native.chain(b"p" * 16, toks, 16, None, CHAIN_PERSON)
+
+    class Fails:
+        def __index__(self):
+            toks2.clear()
+            raise TypeError("no")
+
+    toks2 = [Fails(), *range(100)]
+    with pytest.raises(ValueError, match="is not an integer"):
+        _native.chain(b"p" * 16, toks2, 16, None, CHAIN_PERSON)
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(TypeError, match="extras must be a dict or None"):
+        _native.chain(b"p" * 16, [1] * 16, 16, [], CHAIN_PERSON)
+    with pytest.raises(ValueError, match="must not be negative"):
+        _native.chain(b"p" * 16, [1] * 16, 16, None, CHAIN_PERSON, -1, 16)
+    with pytest.raises(ValueError, match="parent must be 16 bytes"):
+        _native.chain(b"p", [1] * 16, 16, None, CHAIN_PERSON)
+
+
 def test_person_is_the_kernels():
     assert CHAIN_PERSON == b"nexuskv.block"
     assert NativeKeyer.name == "native" and NativeKeyer.deadline_chunk > BlockKeyer.deadline_chunk
