@@ -167,9 +167,11 @@ def kernel_toml(root: Path, name: str, profile: Path, tier: str) -> Path:
     policies.mkdir(exist_ok=True)
     (policies / "default.toml").write_text(f'name = "default"\nfailure = "deny"\nmin_gain_ms = 0.5\n'
                                            f'default_tier = "{tier}"\n')  # fmt: skip
+    # REFERENCE=1: the pure-Python keyer and index instead of the native ones (an A/B of the native plugin)
+    reference = '\n[keyer]\nname = "python"\n\n[matcher]\nname = "dict"\n' if os.environ.get("REFERENCE") else ""
     path = root / f"{name}.toml"
     path.write_text(f'node = "bench"\npage_size = 128\nprofile = "{profile}"\npolicies = "{policies}"\n'
-                    f'secret_file = "{root / "secret"}"\nload_timeout_ms = 60000.0\n\n{tiers[tier]}')  # fmt: skip
+                    f'secret_file = "{root / "secret"}"\nload_timeout_ms = 60000.0\n\n{tiers[tier]}{reference}')  # fmt: skip
     return path
 
 
