@@ -171,7 +171,8 @@ def kernel_toml(root: Path, name: str, profile: Path, tier: str) -> Path:
     reference = '\n[keyer]\nname = "python"\n\n[matcher]\nname = "dict"\n' if os.environ.get("REFERENCE") else ""
     path = root / f"{name}.toml"
     path.write_text(f'node = "bench"\npage_size = 128\nprofile = "{profile}"\npolicies = "{policies}"\n'
-                    f'secret_file = "{root / "secret"}"\nload_timeout_ms = 60000.0\n\n{tiers[tier]}{reference}')  # fmt: skip
+                    f'secret_file = "{root / "secret"}"\nload_timeout_ms = 60000.0\n\n'
+                    f"{tiers[tier]}{reference}")  # fmt: skip
     return path
 
 
