@@ -263,22 +263,22 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
     } else {
         atomic_store_explicit(&job.ready, ntok, memory_order_release);
     }
-    if (piped) {
-        if (!failed && n > 0) { /* while the hasher works: make the key objects, filled in once it is done */
-            result = PyList_New(n);
-            for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
-                PyObject *key = PyBytes_FromStringAndSize(NULL, 16);
-                if (key == NULL) {
-                    Py_CLEAR(result);
-                    break;
-                }
-                PyList_SET_ITEM(result, i, key);
+    if (!failed && n > 0) { /* the key objects, made while a hasher works; filled in once the hashing is done */
+        result = PyList_New(n);
+        for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+            PyObject *key = PyBytes_FromStringAndSize(NULL, 16);
+            if (key == NULL) {
+                Py_CLEAR(result);
+                break;
             }
-            if (result == NULL) {
-                failed = 1;
-                atomic_store(&job.abort, 1);
-            }
+            PyList_SET_ITEM(result, i, key);
         }
+        if (result == NULL) {
+            failed = 1;
+            atomic_store(&job.abort, 1);
+        }
+    }
+    if (piped) {
         if (release) {
             Py_BEGIN_ALLOW_THREADS
             pthread_join(hasher, NULL);
@@ -299,23 +299,14 @@ PyObject *nkv_chain(PyObject *self, PyObject *args) {
         Py_CLEAR(result);
         goto done;
     }
-    n = n == 0 ? 0 : job.done;
-    if (result != NULL) { /* made while hashing: fill in, and drop those past a deadline */
-        for (Py_ssize_t i = 0; i < n; i++) memcpy(PyBytes_AS_STRING(PyList_GET_ITEM(result, i)), out + 16 * i, 16);
-        if (n < PyList_GET_SIZE(result) && PyList_SetSlice(result, n, PyList_GET_SIZE(result), NULL) < 0)
-            Py_CLEAR(result);
+    if (result == NULL) { /* no full block, or the deadline passed while the ids were read */
+        result = PyList_New(0);
         goto done;
     }
-    result = PyList_New(n);
-    if (result == NULL) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyBytes_FromStringAndSize((const char *)out + 16 * i, 16);
-        if (key == NULL) {
-            Py_CLEAR(result);
-            goto done;
-        }
-        PyList_SET_ITEM(result, i, key);
-    }
+    n = job.done; /* fill in, and drop the keys past a deadline */
+    for (Py_ssize_t i = 0; i < n; i++) memcpy(PyBytes_AS_STRING(PyList_GET_ITEM(result, i)), out + 16 * i, 16);
+    if (n < PyList_GET_SIZE(result) && PyList_SetSlice(result, n, PyList_GET_SIZE(result), NULL) < 0)
+        Py_CLEAR(result);
 done:
     PyBuffer_Release(&parent);
     PyBuffer_Release(&person);
