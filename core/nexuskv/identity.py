@@ -219,8 +219,11 @@ class BlockKeyer:
         Each piece packs only its own tokens, so the first piece (and a caller's first deadline check) comes
         after a few microseconds whatever the request's length.
         """
+        return self._chunks(parent, token_ids, _extras_by_block(extra_inputs, self.page_size, 0), blocks)
+
+    def _chunks(self, parent: bytes, token_ids: Sequence[int], extras: dict[int, bytes],
+                blocks: int) -> Iterator[list[bytes]]:  # fmt: skip
         page = self.page_size
-        extras = _extras_by_block(extra_inputs, page, 0)
         full = len(token_ids) - len(token_ids) % page
         for first in range(0, full, page * blocks):
             part = {b - first // page: x for b, x in extras.items()} if extras else extras
@@ -241,16 +244,17 @@ class BlockKeyer:
 
     def _blocks_until(self, parent: bytes, token_ids: Sequence[int], extras: dict[int, bytes],
                       deadline: float) -> list[bytes]:  # fmt: skip
-        """`_blocks` over all of `token_ids`, in chunks, stopping between chunks once `deadline` has passed."""
+        """`_blocks` over all of `token_ids` in chunks of `deadline_chunk`, stopping once `deadline` has passed.
+
+        The deadline is checked before each chunk is hashed, the first one included.
+        """
         out: list[bytes] = []
-        page, blocks = self.page_size, self.deadline_chunk
-        full = len(token_ids) - len(token_ids) % page
-        for first in range(0, full, page * blocks):
-            if time.perf_counter() > deadline:
+        pieces = self._chunks(parent, token_ids, extras, self.deadline_chunk)  # lazy: each hashed when asked for
+        while time.perf_counter() <= deadline:
+            got = next(pieces, None)
+            if got is None:
                 break
-            part = {b - first // page: x for b, x in extras.items()} if extras else extras
-            stop = min(full, first + page * blocks)
-            out.extend(self._blocks(out[-1] if out else parent, token_ids, part, first, stop))
+            out.extend(got)
         return out
 
     def request_keys(self, request: Request) -> list[bytes]:
