@@ -158,10 +158,10 @@ class Hierarchy:
         is ever stored. A paged block whose prefix no tier holds is refused (`orphan`).
         """
         if not verify_checksum(payload, descriptor.checksum):
-            algo = descriptor.checksum.partition(":")[0]
-            why = "does not match" if checksum_known(descriptor.checksum) else f"has an unknown checksum algorithm " \
-                f"{algo!r} (known: {', '.join(CHECKSUMS)}): it" + " does not match"  # fmt: skip
-            raise ChecksumError(f"payload {why} checksum of block {descriptor.key}")
+            unknown = "" if checksum_known(descriptor.checksum) else (
+                f"has an unknown checksum algorithm {descriptor.checksum.partition(':')[0]!r} "
+                f"(known: {', '.join(CHECKSUMS)}): it ")  # fmt: skip
+            raise ChecksumError(f"payload {unknown}does not match checksum of block {descriptor.key}")
         parent = bytes.fromhex(descriptor.parent_key) if descriptor.parent_key else None
         if self.orphan(parent, descriptor.layout, descriptor.group):
             return False
@@ -243,13 +243,13 @@ class Hierarchy:
         A mismatch is quarantined. A checksum this version cannot compute (written by a newer one) is refused
         without deleting anything: the entry leaves this kernel's index, the payload stays for whoever can read it.
         """
-        desc = got.descriptor
-        if desc.key == key.hex() and not checksum_known(desc.checksum):
+        desc, hexkey = got.descriptor, key.hex()
+        if desc.key == hexkey and not checksum_known(desc.checksum):
             self._unindex(key, group, tier)
-            log.warning("payload refused: unknown checksum algorithm", key=key.hex(), group=group, tier=tier,
+            log.warning("payload refused: unknown checksum algorithm", key=hexkey, group=group, tier=tier,
                         checksum=desc.checksum.partition(":")[0])  # fmt: skip
             return False
-        if desc.key != key.hex() or not verify_checksum(got.payload, desc.checksum):
+        if desc.key != hexkey or not verify_checksum(got.payload, desc.checksum):
             self.quarantine(key, group, tier, reason=reason)
             return False
         return True
