@@ -50,6 +50,13 @@ class Holding:
             self._cache[k] = got
         return got
 
+    def at(self, location: Location) -> int:
+        """Groups held at exactly `location` (0: none)."""
+        for loc, m in self.locations:
+            if loc == location:
+                return m
+        return 0
+
     def tiers(self) -> set[str]:
         """Tier names holding any part of the block."""
         return {loc.tier for loc, _ in self.locations}
@@ -85,6 +92,37 @@ class HoldingCodes:
             h = self._intern[locs] = Holding(locs, next(self._next))
             self.decode[h.code] = h
         return h
+
+    def plus(self, cur: Holding | None, location: Location, group_mask: int) -> Holding:
+        """`cur` (None: held nowhere yet) with the groups in `group_mask` added at `location`."""
+        locs = {} if cur is None else dict(cur.locations)
+        locs[location] = locs.get(location, 0) | group_mask
+        return self.intern(locs.items())  # type: ignore[return-value]  # a positive mask: never empty
+
+    def minus(self, cur: Holding, location: Location | None,
+              group_mask: int | None) -> tuple[Holding | None, list[Location]] | None:  # fmt: skip
+        """`cur` with groups (all if None) taken away at `location` (every location if None).
+
+        Returns the new holding (None: held nowhere) and the locations left holding nothing of the block, or None
+        when nothing was held there to take away.
+        """
+        locs = dict(cur.locations)
+        lost: list[Location] = []
+        changed = False
+        for loc in list(locs) if location is None else [location]:
+            had = locs.get(loc, 0)
+            left = 0 if group_mask is None else had & ~group_mask
+            if not had or left == had:
+                continue
+            changed = True
+            locs[loc] = left
+            if not left:
+                lost.append(loc)
+        return (self.intern(locs.items()), lost) if changed else None
+
+    def without(self, cur: Holding, location: Location) -> Holding | None:
+        """`cur` with everything at `location` taken away (None: held nowhere else)."""
+        return self.intern((loc, m) for loc, m in cur.locations if loc != location)
 
     def prune(self, live: Iterable[int]) -> None:
         """Forget every holding whose code is not in `live` (the codes an index still stores)."""

@@ -101,10 +101,9 @@ class NativeIndex:
             raise ValueError(f"group_mask must be positive, got {group_mask}")
         with self._lock:
             cur = self._codes.decode[self._table.get(key)]
-            locs = {} if cur is None else dict(cur.locations)
-            gained = not locs.get(location, 0)
-            locs[location] = locs.get(location, 0) | group_mask
-            self._table.set(key, self._codes.intern(locs.items()).code, self._loc(location) if gained else -1)  # type: ignore[union-attr]
+            gained = cur is None or not cur.at(location)
+            code = self._codes.plus(cur, location, group_mask).code
+            self._table.set(key, code, self._loc(location) if gained else -1)
             if gained:
                 self._gain(location)
             self.version += 1
@@ -127,10 +126,8 @@ class NativeIndex:
                 done.add(keys[i])
                 got = merged.get(old)
                 if got is None:
-                    locs = dict(self._codes.decode[old].locations)  # type: ignore[union-attr]
-                    gained = not locs.get(location, 0)
-                    locs[location] = locs.get(location, 0) | group_mask
-                    got = merged[old] = (self._codes.intern(locs.items()).code, gained)  # type: ignore[union-attr]
+                    held = self._codes.decode[old]
+                    got = merged[old] = (self._codes.plus(held, location, group_mask).code, not held.at(location))  # type: ignore[union-attr]
                 if got[0] != old:
                     self._table.set(keys[i], got[0], loc if got[1] else -1)
                     if got[1]:
@@ -143,18 +140,10 @@ class NativeIndex:
             cur = self._codes.decode[self._table.get(key)]
             if cur is None:
                 return False
-            locs = dict(cur.locations)
-            lost = []
-            for loc in list(locs) if location is None else [location]:
-                had = locs.get(loc, 0)
-                left = 0 if group_mask is None else had & ~group_mask
-                if had and left != had:
-                    locs[loc] = left
-                    if not left:
-                        lost.append(loc)
-            h = self._codes.intern(locs.items())
-            if h is cur:
+            got = self._codes.minus(cur, location, group_mask)
+            if got is None:
                 return False
+            h, lost = got
             if h is None:
                 self._table.delete(key)
             else:
@@ -174,8 +163,8 @@ class NativeIndex:
             return 0
         mapping = {}
         for code, h in list(self._codes.decode.items()):
-            if h is not None and any(loc == location for loc, _ in h.locations):
-                rest = self._codes.intern((loc, m) for loc, m in h.locations if loc != location)
+            if h is not None and h.at(location):
+                rest = self._codes.without(h, location)
                 mapping[code] = -1 if rest is None else rest.code
         count = self._table.remap(self._loc_ids[location], mapping)
         del self._counts[location]
@@ -222,8 +211,7 @@ class NativeIndex:
         with self._lock:
             if location not in self._counts:
                 return frozenset()
-            codes = {c for c, h in self._codes.decode.items()
-                     if h is not None and any(loc == location for loc, _ in h.locations)}  # fmt: skip
+            codes = {c for c, h in self._codes.decode.items() if h is not None and h.at(location)}
             return frozenset(self._table.keys_at(self._loc_ids[location], codes))
 
     def snapshot(self) -> NativeSnapshot:
