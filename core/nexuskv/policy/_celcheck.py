@@ -11,6 +11,9 @@ import difflib
 import math
 from typing import Any
 
+from nexuskv.policy import _celmacros as macros
+from nexuskv.policy import _celresolve as resolve
+from nexuskv.policy import _celstd as std
 from nexuskv.policy._celparse import CelTypeError, Node
 from nexuskv.policy.types import (
     BOOL,
@@ -28,11 +31,13 @@ from nexuskv.policy.types import (
     FunctionDecl,
     list_of,
     map_of,
+    optional_of,
 )
 
 # --------------------------------------------------------------------------------------------- checker
 
 _ORDERED = {"int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration"}
+_NUMERIC = {"int", "uint", "double"}
 EQ_NATIVE = {"int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration"}
 HASHABLE_IN = {"int", "uint", "string", "bytes", "bool", "timestamp", "duration"}
 CONVERSIONS: dict[str, set[str]] = {
@@ -56,13 +61,23 @@ def compat(a: CelType, b: CelType) -> bool:
         return True
     if a.kind != b.kind:
         return False
+    if a.kind == "type":
+        return True
     if a.kind == "message":
         return a == b
     return all(compat(x, y) for x, y in zip(a.params, b.params, strict=True))
 
 
+FREE = CelType("dyn", name="?")
+"""The element type of an empty list or map literal: dyn, but joined with T it gives T."""
+
+
 def _join(a: CelType, b: CelType) -> CelType | None:
     """The common type of two branches / elements, or None."""
+    if a == FREE:
+        return b
+    if b == FREE:
+        return a
     if a.kind == "null" and b.kind != "null":
         return b.as_nullable()
     if b.kind == "null" and a.kind != "null":
@@ -81,6 +96,9 @@ def _join(a: CelType, b: CelType) -> CelType | None:
         k, v = _join(a.key, b.key), _join(a.elem, b.elem)
         assert k is not None and v is not None
         return map_of(k, v, size).as_nullable(nullable)
+    if a.kind == "optional":
+        inner = _join(a.elem, b.elem)
+        return optional_of(DYN if inner is None else inner)
     return a.with_size(size).as_nullable(nullable)
 
 
@@ -106,34 +124,64 @@ def _sum_size(a: CelType, b: CelType) -> int | None:
 class Checker:
     """Type-checks a tree against an Env, annotating every node with its type."""
 
-    def __init__(self, env: Env, source: str) -> None:
+    def __init__(self, env: Env, source: str, container: str = "", checked: bool = True) -> None:
         self.env = env
         self.source = source
+        self.container = container
+        self.checked = checked
 
     def error(self, n: Node, message: str) -> CelTypeError:
         return CelTypeError(message, n.line, n.col, self.source)
 
+    def declared(self, name: str) -> bool:
+        return name in self.env.variables
+
     def check(self, n: Node, scope: dict[str, CelType]) -> CelType:
-        t = self._check(n, scope)
+        if self.checked:
+            t = self._check(n, scope)
+        else:  # parse-only mode: what the checker would reject fails at run time instead
+            try:
+                t = self._check(n, scope)
+            except CelTypeError as exc:
+                n.op, n.args, n.value, t = "raise", [], exc.message, DYN
         n.t = t
         return t
 
     def _check(self, n: Node, scope: dict[str, CelType]) -> CelType:
         op = n.op
         if op == "lit":
-            return n.t
+            return n.t if self.checked or n.t.kind == "type" else DYN
+        if op == "raise":
+            return DYN
+        mt = macros.check(self, n, scope)
+        if mt is not None:
+            return mt
         if op == "ident":
             name = n.value
-            if name in scope:
+            if name.startswith("."):  # absolute name: no comprehension variable, no container
+                name, n.method = name[1:], True
+            elif name in scope and not n.method:
                 return scope[name]
-            if name in self.env.variables:
-                return self.env.variables[name]
+            for full in [name] if n.method else resolve.candidates(name, self.container):
+                if full in self.env.variables:
+                    n.value = full
+                    return self.env.variables[full]
+            if name in resolve.TYPE_NAMES:
+                resolve.to_type_literal(n, name)
+                return n.t
+            if not self.checked:
+                return DYN
             raise self.error(
                 n, f"undeclared variable '{name}'{_did_you_mean(name, [*scope, *self.env.variables])}"
             )
+        if op == "select" and resolve.qualify(n, scope, self.declared, self.container):
+            return self._check(n, scope)
         if op in ("select", "has"):
             ot = self.check(n.args[0], scope)
             field = n.value
+            if ot.kind == "optional":  # selection on an optional is optional selection
+                n.op = "optselect" if op == "select" else "opthas"
+                return macros.check(self, n, scope)  # type: ignore[return-value]
             if ot.kind == "message":
                 fields = ot.fields()
                 if field not in fields:
@@ -152,6 +200,9 @@ class Checker:
         if op == "index":
             ot = self.check(n.args[0], scope)
             it = self.check(n.args[1], scope)
+            if ot.kind == "optional":
+                n.op = "optindex"
+                return macros.check(self, n, scope)  # type: ignore[return-value]
             if ot.kind == "list":
                 if it.kind not in ("int", "uint", "dyn"):
                     raise self.error(n, f"list index must be int, got {it}")
@@ -165,32 +216,27 @@ class Checker:
             raise self.error(n, f"cannot index a value of type {ot}")
         if op == "list":
             if not n.args:
-                return list_of(DYN, 0)
-            elem = self.check(n.args[0], scope)
+                return list_of(FREE, 0)
+            elem = macros.part_type(self, n.args[0], scope)
             for a in n.args[1:]:
-                at = self.check(a, scope)
+                at = macros.part_type(self, a, scope)
                 joined = _join(elem, at)
-                if joined is None:
-                    raise self.error(a, f"list elements must have one type: {elem} and {at}")
-                elem = joined
+                elem = DYN if joined is None else joined  # mixed elements: list(dyn)
             return list_of(elem, len(n.args))
         if op == "map":
             if not n.args:
-                return map_of(DYN, DYN, 0)
+                return map_of(FREE, FREE, 0)
             kt: CelType | None = None
             vt: CelType | None = None
             for i in range(0, len(n.args), 2):
                 k, v = n.args[i], n.args[i + 1]
-                ct, cv = self.check(k, scope), self.check(v, scope)
+                ct, cv = self.check(k, scope), macros.part_type(self, v, scope)
                 if ct.kind not in ("int", "uint", "bool", "string", "dyn"):
                     raise self.error(k, f"map keys must be int, uint, bool or string, not {ct}")
                 nk = ct if kt is None else _join(kt, ct)
                 nv = cv if vt is None else _join(vt, cv)
-                if nk is None:
-                    raise self.error(k, f"map keys must have one type: {kt} and {ct}")
-                if nv is None:
-                    raise self.error(v, f"map values must have one type: {vt} and {cv}")
-                kt, vt = nk.with_size(None).as_nullable(False), nv
+                kt = DYN if nk is None else nk.with_size(None).as_nullable(False)  # mixed: dyn
+                vt = DYN if nv is None else nv
             assert kt is not None and vt is not None
             return map_of(kt, vt, len(n.args) // 2)
         if op == "!":
@@ -223,7 +269,7 @@ class Checker:
             a, b = self.check(n.args[0], scope), self.check(n.args[1], scope)
             ok = (a.kind == b.kind and a.kind in _ORDERED) or (
                 "dyn" in (a.kind, b.kind) and {a.kind, b.kind} <= (_ORDERED | {"dyn"})
-            )
+            ) or {a.kind, b.kind} <= _NUMERIC  # numbers compare across int, uint and double
             if not ok:
                 raise self.error(n, f"operator '{op}' is not defined for {a} and {b}")
             return BOOL
@@ -308,6 +354,7 @@ class Checker:
         return BOOL
 
     def call(self, n: Node, scope: dict[str, CelType]) -> CelType:
+        resolve.namespaced_call(n, scope, self.declared, lambda name: std.is_function(name, False))
         name = n.value
         args = [self.check(a, scope) for a in n.args]
         decl = self.env.functions.get(name)
@@ -328,40 +375,32 @@ class Checker:
                 if t.kind not in ("string", "dyn"):
                     raise self.error(a, f"{name}() is defined on strings, got {t}")
             return BOOL
-        if name in CONVERSIONS or name in ("duration", "timestamp", "bytes_of"):
-            if n.method:
-                raise self.error(n, f"{name}() is a function: use {name}(x)")
-            if len(args) != 1:
-                raise self.error(n, f"{name}() takes one argument")
+        if not n.method and len(args) == 1 and native_conversion(name, args[0].kind):
             src = args[0].kind
             if name in CONVERSIONS:
-                if src not in CONVERSIONS[name] and src != "dyn":
-                    raise self.error(n, f"no conversion {name}({args[0]})")
                 result = _CONVERSION_RESULT[name]
                 if name == "string":
                     size = _slen(args[0]) if src in ("string", "bytes") else _STRING_SIZE.get(src)
                     return result.with_size(size)
                 return result
             if name == "bytes_of":
-                if src not in ("string", "int", "dyn"):
-                    raise self.error(n, f'bytes_of() takes a string like "4GiB", got {args[0]}')
                 return INT
-            if src not in ("string", "dyn"):
-                raise self.error(n, f"{name}() takes a string, got {args[0]}")
             return DURATION if name == "duration" else TIMESTAMP
+        found, _ = std.candidates(name, n.method, args)
+        if found:
+            return std.result_of(found, args)
+        shown = ", ".join(map(str, args[1:] if n.method else args))
+        if std.is_function(name, n.method) or name == "bytes_of":
+            where = f"{args[0]}.{name}" if n.method else name
+            raise self.error(n, f"no matching overload for {where}({shown})")
         if n.method:
+            if std.is_function(name, False):
+                raise self.error(n, f"{name}() is a function: use {name}(x)")
             raise self.error(n, f"unknown method '{name}' on {args[0]}")
-        known = [
-            *self.env.functions,
-            "size",
-            "int",
-            "uint",
-            "double",
-            "string",
-            "duration",
-            "timestamp",
-            "bytes_of",
-        ]
+        if std.is_function(name, True):
+            raise self.error(n, f"{name}() is a method: use x.{name}(...)")
+        known = [*self.env.functions, "size", "bytes_of", *(k for k in std.FUNCTIONS if not k[0].islower() or
+                 std.is_function(k, False))]  # fmt: skip
         raise self.error(n, f"unknown function '{name}'{_did_you_mean(name, known)}")
 
     def plugin(self, n: Node, decl: FunctionDecl, args: list[CelType]) -> CelType:
@@ -374,6 +413,15 @@ class Checker:
             if not compat(a, want):
                 raise self.error(n.args[i], f"argument {i + 1} of {decl.name}() must be {want}, got {a}")
         return decl.result
+
+
+def native_conversion(name: str, src: str) -> bool:
+    """Whether the conversion `name(src)` has a dedicated code path (others go through the overload table)."""
+    if name in CONVERSIONS:
+        return src in CONVERSIONS[name] or src == "dyn"
+    if name == "bytes_of":
+        return src in ("string", "int", "dyn")
+    return name in ("duration", "timestamp") and src == "string"
 
 
 def _did_you_mean(name: str, candidates: Any) -> str:

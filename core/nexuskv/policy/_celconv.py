@@ -13,7 +13,19 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from nexuskv.policy._celrt import EPOCH, IMAX, IMIN, MAX_DURATION, MAX_DURATION_S, SECOND, UMAX, err, kind
+from nexuskv.policy._celvalues import Uint
+from nexuskv.policy._celrt import (
+    EPOCH,
+    IMAX,
+    IMIN,
+    MAX_DURATION,
+    MAX_DURATION_S,
+    MAX_TIME_DIFFERENCE,
+    SECOND,
+    UMAX,
+    err,
+    kind,
+)
 from nexuskv.units import parse_bytes
 
 # --------------------------------------------------------------------------------------------- time
@@ -43,6 +55,8 @@ def tsub(a: Any, b: Any, pos: int = -1) -> Any:
     except OverflowError:
         err("timestamp out of range", pos)
     if isinstance(r, _dt.timedelta):
+        if isinstance(a, _dt.datetime) and not -MAX_TIME_DIFFERENCE <= r <= MAX_TIME_DIFFERENCE:
+            err("timestamp difference out of range", pos)
         return _check_duration(r, pos)
     return r
 
@@ -66,12 +80,14 @@ def duration(text: str, pos: int = -1) -> _dt.timedelta:
         total = -total
     if abs(total) > MAX_DURATION_S:
         err(f"duration out of range: {text!r}", pos)
-    micros = int(total.scaleb(6).to_integral_value())
-    return _dt.timedelta(microseconds=micros)
+    micros = total.scaleb(6)
+    if micros != micros.to_integral_value():
+        err(f"duration {text!r}: precision finer than a microsecond is not supported", pos)
+    return _dt.timedelta(microseconds=int(micros))
 
 
 _TIMESTAMP = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
+    r"^(\d{4,})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
 )
 
 
@@ -82,15 +98,22 @@ def timestamp(text: str, pos: int = -1) -> _dt.datetime:
         err(f"invalid timestamp {text!r} (use RFC 3339, e.g. 2024-01-01T00:00:00Z)", pos)
     y, mo, d, h, mi, s, frac, z, sign, oh, om = m.groups()
     micros = int((frac or "").ljust(6, "0")[:6])
+    if frac is not None and frac[6:].strip("0"):
+        err(f"timestamp {text!r}: precision finer than a microsecond is not supported", pos)
+    if not 1 <= int(y) <= 9999:
+        err(f"timestamp out of range: {text!r}", pos)
     try:
         tz = _dt.UTC
         if not z:
             off = _dt.timedelta(hours=int(oh), minutes=int(om))
             tz = _dt.timezone(-off if sign == "-" else off)
         value = _dt.datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), micros, tzinfo=tz)
-        return value.astimezone(_dt.UTC)
     except (ValueError, OverflowError):
         err(f"invalid timestamp {text!r}", pos)
+    try:
+        return value.astimezone(_dt.UTC)
+    except OverflowError:
+        err(f"timestamp out of range: {text!r}", pos)
 
 
 # --------------------------------------------------------------------------------------------- conversions
@@ -98,7 +121,7 @@ def timestamp(text: str, pos: int = -1) -> _dt.datetime:
 
 def int_of_double(x: float, pos: int = -1) -> int:
     """int(double): truncates toward zero; NaN, infinities and out-of-range values are errors."""
-    if x != x or not (-9223372036854775808.0 <= x < 9223372036854775808.0):
+    if x != x or not (-9223372036854775808.0 < x < 9223372036854775808.0):  # both ends excluded, as cel-go
         err(f"int({x!r}) out of range", pos)
     return int(x)
 
@@ -107,7 +130,7 @@ def int_of_uint(x: int, pos: int = -1) -> int:
     """int(uint)."""
     if x > IMAX:
         err(f"int({x}u) out of range", pos)
-    return x
+    return int(x)
 
 
 _INT_TEXT = re.compile(r"^[+-]?[0-9]+$")
@@ -136,14 +159,14 @@ def uint_of_int(x: int, pos: int = -1) -> int:
     """uint(int)."""
     if x < 0:
         err(f"uint({x}) out of range", pos)
-    return x
+    return Uint(x)
 
 
 def uint_of_double(x: float, pos: int = -1) -> int:
     """uint(double): truncates toward zero."""
     if x != x or not (-1.0 < x < 18446744073709551616.0):
         err(f"uint({x!r}) out of range", pos)
-    return int(x)
+    return Uint(int(x))
 
 
 def uint_of_string(s: str, pos: int = -1) -> int:
@@ -153,7 +176,7 @@ def uint_of_string(s: str, pos: int = -1) -> int:
     v = int(s, 10)
     if v > UMAX:
         err(f"uint({s!r}) out of range", pos)
-    return v
+    return Uint(v)
 
 
 def double_of_string(s: str, pos: int = -1) -> float:
@@ -227,8 +250,8 @@ def string_of(v: Any, pos: int = -1) -> str:
         return v
     if k == "bool":
         return "true" if v else "false"
-    if k == "int":
-        return str(v)
+    if k in ("int", "uint"):
+        return str(int(v))
     if k == "double":
         return format_double(v)
     if k == "bytes":

@@ -17,6 +17,7 @@ from nexuskv.policy._celconv import (
     int_of_double,
     int_of_string,
     int_of_timestamp,
+    int_of_uint,
     string_of,
     tadd,
     tsub,
@@ -24,7 +25,24 @@ from nexuskv.policy._celconv import (
     uint_of_int,
     uint_of_string,
 )
-from nexuskv.policy._celrt import CelEvalError, err, fdiv, iadd, idiv, imod, imul, ineg, isub, kind
+from nexuskv.policy._celstdlib import opt_index, opt_select
+from nexuskv.policy._celrt import (
+    CelEvalError,
+    err,
+    fdiv,
+    iadd,
+    idiv,
+    imod,
+    imul,
+    ineg,
+    isub,
+    kind,
+    uadd,
+    udiv,
+    umod,
+    umul,
+    usub,
+)
 
 # --------------------------------------------------------------------------------------------- containers
 
@@ -70,11 +88,18 @@ def mkmap(items: Iterable[tuple[Any, Any]], pos: int = -1) -> dict[Any, Any]:
     return out
 
 
+_NUMERIC = frozenset({"int", "uint", "double"})
+
+
 def eq(a: Any, b: Any) -> bool:
     """CEL equality on any values: numbers compare by value across int/uint/double, other kinds must match."""
     ka, kb = kind(a), kind(b)
     if ka != kb:
-        return ka in ("int", "double") and kb in ("int", "double") and a == b
+        if ka in _NUMERIC and kb in _NUMERIC:
+            return float(a) == float(b) if "double" in (ka, kb) else a == b
+        return False
+    if ka == "optional":
+        return a.present == b.present and (not a.present or eq(a.value, b.value))
     if ka == "list":
         return len(a) == len(b) and all(eq(x, y) for x, y in zip(a, b, strict=True))
     if ka == "map":
@@ -96,9 +121,12 @@ _MISSING = object()
 
 
 def _map_find(m: Mapping[Any, Any], k: Any) -> Any:
+    """m[k] by CEL equality: numeric keys match across int, uint and double."""
     kk = kind(k)
+    numeric = kk in _NUMERIC
     for key, value in m.items():
-        if kind(key) == kk and key == k:
+        kkey = kind(key)
+        if (kkey == kk or (numeric and kkey in _NUMERIC)) and key == k:
             return value
     return _MISSING
 
@@ -175,6 +203,8 @@ def d_arith(op: str, a: Any, b: Any, pos: int = -1) -> Any:
     ka, kb = kind(a), kind(b)
     if ka == kb == "int":
         return {"+": iadd, "-": isub, "*": imul, "/": idiv, "%": imod}[op](a, b, pos)
+    if ka == kb == "uint":
+        return {"+": uadd, "-": usub, "*": umul, "/": udiv, "%": umod}[op](a, b, pos)
     if ka == kb == "double" and op != "%":
         if op == "/":
             return fdiv(a, b, pos)
@@ -203,13 +233,18 @@ def d_neg(a: Any, pos: int = -1) -> Any:
     err(f"no such overload: -{k}", pos)
 
 
-_ORDERED = ("int", "double", "string", "bytes", "bool", "timestamp", "duration")
+_ORDERED = ("int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration")
 
 
 def d_cmp(op: str, a: Any, b: Any, pos: int = -1) -> bool:
-    """Ordering on dyn operands: both must have the same orderable kind."""
+    """Ordering on dyn operands: the same orderable kind, or numbers of any kinds (compared by value)."""
     ka, kb = kind(a), kind(b)
-    if ka != kb or ka not in _ORDERED:
+    if ka != kb:
+        if not (ka in _NUMERIC and kb in _NUMERIC):
+            err(f"no such overload: {ka} {op} {kb}", pos)
+        if "double" in (ka, kb):  # int / uint against double: compared as doubles, as cel-go does
+            a, b = float(a), float(b)
+    elif ka not in _ORDERED:
         err(f"no such overload: {ka} {op} {kb}", pos)
     if op == "<":
         return a < b
@@ -233,10 +268,15 @@ def d_in(x: Any, container: Any, pos: int = -1) -> bool:
 def d_index(c: Any, i: Any, pos: int = -1) -> Any:
     """`c[i]` for a dyn container."""
     k = kind(c)
+    if k == "optional":
+        return opt_index(c, i, pos)
     if k == "list":
-        if kind(i) != "int":
-            err(f"list index must be int, got {kind(i)}", pos)
-        return lidx(c, i, pos)
+        ki = kind(i)
+        if ki == "double" and i == int(i):
+            i = int(i)
+        elif ki not in ("int", "uint"):
+            err(f"list index must be int, got {ki}", pos)
+        return lidx(c, int(i), pos)
     if k == "map":
         found = _map_find(c, i)
         if found is _MISSING:
@@ -248,6 +288,8 @@ def d_index(c: Any, i: Any, pos: int = -1) -> Any:
 def d_select(obj: Any, name: str, pos: int = -1) -> Any:
     """`obj.name` for a dyn value: a map key or a message field."""
     k = kind(obj)
+    if k == "optional":
+        return opt_select(obj, name, pos)
     if k == "map":
         return mget(obj, name, pos)
     if k == "message":
@@ -260,6 +302,8 @@ def d_select(obj: Any, name: str, pos: int = -1) -> Any:
 def d_has(obj: Any, name: str, pos: int = -1) -> bool:
     """`has(obj.name)` for a dyn value."""
     k = kind(obj)
+    if k == "optional":
+        return opt_select(obj, name, pos).present
     if k == "map":
         return name in obj
     if k == "message":
@@ -305,6 +349,9 @@ def d_conv(target: str, v: Any, pos: int = -1) -> Any:
         return string_of(v, pos)
     table: dict[tuple[str, str], Callable[..., Any]] = {
         ("int", "int"): lambda x, p: x,
+        ("int", "uint"): int_of_uint,
+        ("uint", "uint"): lambda x, p: x,
+        ("double", "uint"): lambda x, p: float(x),
         ("int", "double"): int_of_double,
         ("int", "string"): int_of_string,
         ("int", "timestamp"): int_of_timestamp,

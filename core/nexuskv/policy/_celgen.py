@@ -14,7 +14,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from nexuskv.policy import _celconv, _celdyn, _celrt
-from nexuskv.policy._celcheck import CONVERSIONS, EQ_NATIVE, FOLD_AT_COMPILE, FOLDABLE, HASHABLE_IN, STRING_METHODS
+from nexuskv.policy import _celstd as std
+from nexuskv.policy._celcheck import (
+    CONVERSIONS,
+    EQ_NATIVE,
+    FOLD_AT_COMPILE,
+    FOLDABLE,
+    HASHABLE_IN,
+    STRING_METHODS,
+    native_conversion,
+)
+from nexuskv.policy._celresolve import static_type_name
+from nexuskv.policy import _celmacros as macros
+from nexuskv.policy import _celstdlib
+from nexuskv.policy._celstdlib import type_value
+from nexuskv.policy._celvalues import TypeValue, Uint
 from nexuskv.policy._celparse import CelTypeError, Node
 from nexuskv.policy._celrt import CelEvalError
 from nexuskv.policy.types import (
@@ -55,6 +69,10 @@ _CONV_CODE: dict[tuple[str, str], str | None] = {
 }  # fmt: skip
 
 
+_RUN_TIME_ONLY = ("out of range", "precision finer than")
+"""Errors of constant conversions that stay run-time errors (CEL defines them as evaluation errors)."""
+
+
 class Gen:
     """Generates one Python expression for a checked tree: `exact=False` is the fast variant."""
 
@@ -85,7 +103,7 @@ class Gen:
     def lit(self, v: Any) -> str:
         if v is None or isinstance(v, bool):
             return repr(v)
-        if isinstance(v, int):
+        if isinstance(v, int) and not isinstance(v, Uint):
             return f"({v})" if v < 0 else repr(v)
         if isinstance(v, float):
             return f"({v!r})" if math.isfinite(v) else self.const(v)
@@ -110,9 +128,14 @@ class Gen:
         op = n.op
         if op == "lit":
             return self.lit(n.value)
+        if op == "raise":
+            return f"_fail({n.value!r}{self.pos(n)})"
+        code = macros.gen(self, n, scope)
+        if code is not None:
+            return code
         if op == "ident":
             name = n.value
-            if name in scope:
+            if name in scope and not n.method:
                 return scope[name]
             if self.exact:
                 return f"_var(A, {name!r}{self.pos(n)})"
@@ -140,10 +163,20 @@ class Gen:
                 return f"_mget({o}, {i}{self.pos(n)})" if self.exact else f"{o}[{i}]"
             return f"_d_index({o}, {i}{self.pos(n)})"
         if op == "list":
-            return "[" + ", ".join(self.g(a, scope) for a in n.args) + "]"
+            return "[" + ", ".join(self.element(a, scope) for a in n.args) + "]"
         if op == "map":
             keys = n.args[0::2]
-            if all(k.op == "lit" for k in keys) and len({k.value for k in keys}) == len(keys):
+            if any(v.op == "optelem" for v in n.args[1::2]):
+                entries = ", ".join(
+                    f"*_opt_entry({self.value(k, scope, silent=True)}, {self.g(v.args[0], scope)}{self.pos(v)})"
+                    if v.op == "optelem" else f"({self.value(k, scope, silent=True)}, {self.g(v, scope)})"
+                    for k, v in zip(keys, n.args[1::2], strict=True)
+                )  # fmt: skip
+                return f"_mkmap(({entries},){self.pos(n)})"
+            if (
+                all(k.op == "lit" and isinstance(k.value, str | int) for k in keys)
+                and len({k.value for k in keys}) == len(keys)
+            ):
                 pairs = (
                     f"{self.g(k, scope)}: {self.g(v, scope)}" for k, v in zip(keys, n.args[1::2], strict=True)
                 )
@@ -179,7 +212,7 @@ class Gen:
             return self.equality(n, scope)
         if op in ("<", "<=", ">", ">="):
             a, b = n.args
-            if a.t.kind == "dyn" or b.t.kind == "dyn":
+            if a.t.kind == "dyn" or b.t.kind == "dyn" or (a.t.kind != b.t.kind and "double" in (a.t.kind, b.t.kind)):
                 return f"_d_cmp({op!r}, {self.g(a, scope)}, {self.g(b, scope)}{self.pos(n)})"
             return f"({self.value(a, scope)} {op} {self.value(b, scope)})"
         if op == "in":
@@ -189,6 +222,12 @@ class Gen:
         if op == "call":
             return self.call(n, scope)
         raise AssertionError(op)  # pragma: no cover
+
+    def element(self, n: Node, scope: dict[str, str]) -> str:
+        """A list literal's element: `?x` adds x's value only when it has one."""
+        if n.op == "optelem":
+            return f"*_opt_items({self.g(n.args[0], scope)}{self.pos(n)})"
+        return self.g(n, scope)
 
     @staticmethod
     def flatten(n: Node, op: str) -> list[Node]:
@@ -319,6 +358,8 @@ class Gen:
             if name == "contains":
                 return f"({p} in {s})"
             return f"{s}.{'startswith' if name == 'startsWith' else 'endswith'}({p})"
+        if n.method or len(args) != 1 or not native_conversion(name, args[0].t.kind):
+            return self.std(n, scope)
         a = args[0]
         src = a.t.kind
         if name in CONVERSIONS:
@@ -339,6 +380,27 @@ class Gen:
             return f"_{name}({self.strval(a, scope)}{self.pos(n)})"
         raise AssertionError(name)  # pragma: no cover
 
+    def std(self, n: Node, scope: dict[str, str]) -> str:
+        """A call of a standard function or extension: direct when one overload fits exactly, else dispatched."""
+        name = n.value
+        if name == "dyn":
+            a = n.args[0]
+            return f"_Uint({self.g(a, scope)})" if a.t.kind == "uint" else self.g(a, scope)
+        if name == "type":
+            static = static_type_name(n.args[0].t)
+            if static is not None:
+                return self.const(TypeValue(static))
+            return f"_type_value({self.g(n.args[0], scope)})"
+        found, exact = std.candidates(name, n.method, [a.t for a in n.args])
+        args = "".join(f", {self.value(a, scope, silent=True)}" for a in n.args)
+        if exact:
+            fn = self.const(found[0].impl)
+            if self.exact:
+                return f"_call_plugin({fn}, {name!r}{self.pos(n)}{args})"
+            return f"{fn}({args[2:]})"
+        pos = self.pos(n)[2:] or "-1"
+        return f"_dispatch({name!r}, {n.method}, {pos}{args})"
+
     def strval(self, n: Node, scope: dict[str, str]) -> str:
         if n.t.kind == "dyn":
             return f"_d_str({self.g(n, scope)}{self.pos(n)})"
@@ -351,6 +413,13 @@ def runtime_globals(consts: Mapping[str, Any]) -> dict[str, Any]:
     g.update({f"_{k}": v for k, v in _HELPERS.items()})
     g["_and_"] = _celdyn.and_
     g["_or_"] = _celdyn.or_
+    g["_Uint"] = Uint
+    g["_dispatch"] = std.dispatch
+    g["_type_value"] = type_value
+    g["_fail"] = _celrt.err
+    for name in ("pairs", "opt_select", "opt_index", "opt_has", "opt_items", "opt_entry", "opt_map",
+                 "opt_flat_map"):  # fmt: skip
+        g[f"_{name}"] = getattr(_celstdlib, name)
     g.update(consts)
     return g
 
@@ -371,7 +440,8 @@ def fold(n: Node, env: Env, source: str) -> Node:
     try:
         value = eval(code, runtime_globals(consts), {"A": {}})
     except CelEvalError as exc:
-        if n.op == "call" and n.value in FOLD_AT_COMPILE:
+        if n.op == "call" and n.value in FOLD_AT_COMPILE and not any(m in exc.message for m in _RUN_TIME_ONLY):
+            # malformed text is a mistake worth a load-time error; a value out of range is a run-time error
             raise CelTypeError(
                 f"invalid argument to {n.value}(): {exc.message}", n.line, n.col, source
             ) from None

@@ -1,8 +1,9 @@
 """CEL source to a tree: the error types, the tree node, and the parser adapter over cel-python's grammar.
 
-`parse` builds `Node`s from cel-python's lark grammar (our own parser instance), decoding literals, expanding
-macros (`has`, comprehensions) and placing every node at its line and column; syntax errors say where and what
-was expected. `subexpressions` lists the source text of every sub-expression, for `policy explain`.
+`parse` builds `Node`s from `_cel.lark` (cel-python's grammar with the optional-types syntax and quoted field
+names added), decoding literals, expanding macros (`has`, comprehensions with one or two variables,
+`cel.bind`, `optMap`, `optFlatMap`) and placing every node at its line and column; syntax errors say where and
+what was expected. `subexpressions` lists the source text of every sub-expression, for `policy explain`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from celpy.celparser import CELParser
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from nexuskv.policy import _celrt as rt
+from nexuskv.policy._celvalues import Uint
 from nexuskv.policy.types import (
     BOOL,
     BYTES,
@@ -90,6 +92,7 @@ class Node:
 
 
 _COMPREHENSIONS = {"all", "exists", "exists_one", "map", "filter"}
+_TWO_VARIABLE = {"all", "exists", "exists_one", "existsOne", "transformList", "transformMap", "transformMapEntry"}
 _BINARY = {
     "relation_lt": "<", "relation_le": "<=", "relation_gt": ">", "relation_ge": ">=",
     "relation_eq": "==", "relation_ne": "!=", "relation_in": "in",
@@ -116,7 +119,7 @@ def _lark() -> lark.Lark:
     """Our own instance of cel-python's grammar (its shared parser may build other tree classes)."""
     global _PARSER
     if _PARSER is None:
-        grammar = (Path(celpy.celparser.__file__).parent / "cel.lark").read_text()
+        grammar = (Path(__file__).parent / "_cel.lark").read_text(encoding="utf-8")
         _PARSER = lark.Lark(
             grammar,
             parser="lalr",
@@ -133,8 +136,9 @@ def _lark() -> lark.Lark:
 class _Builder:
     """Turns cel-python's lark tree into `Node`s, decoding literals and expanding macros."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, macros: bool = True) -> None:
         self.source = source
+        self.macros = macros
 
     def syntax(self, message: str, line: int, col: int) -> CelSyntaxError:
         return CelSyntaxError(message, line, col, self.source)
@@ -178,9 +182,14 @@ class _Builder:
             return self.build(ch[0])
         if d == "paren_expr":
             return self.build(ch[0])
-        if d == "member_dot":
+        if d in ("member_dot", "member_dot_opt"):
             tok = ch[1]
-            return Node("select", [self.build(ch[0])], tok.line, tok.column, value=str(tok))
+            field = str(tok)[1:-1] if tok.type == "QUOTED_IDENT" else str(tok)
+            op = "select" if d == "member_dot" else "optselect"
+            return Node(op, [self.build(ch[0])], tok.line, tok.column, value=field)
+        if d == "member_index_opt":
+            line, col = self.start(t)
+            return Node("optindex", [self.build(ch[0]), self.build(ch[1])], line, col)
         if d == "member_dot_arg":
             tok = ch[1]
             target = self.build(ch[0])
@@ -202,18 +211,34 @@ class _Builder:
         if d in ("ident", "dot_ident"):
             tok = ch[0]
             self.not_reserved(tok)
-            return Node("ident", [], tok.line, tok.column, value=str(tok))
+            return Node("ident", [], tok.line, tok.column, value=("." if d == "dot_ident" else "") + str(tok))
         if d == "list_lit":
             line, col = self.start(t)
-            return Node("list", self.exprlist(ch[0]) if ch else [], line, col)
+            return Node("list", [self.element(c.children[0]) for c in ch[0].children] if ch else [], line, col)
         if d == "map_lit":
             line, col = self.start(t)
-            items = [self.build(c) for c in ch[0].children] if ch else []
+            items: list[Node] = []
+            for init in ch[0].children if ch else []:
+                key, value = init.children
+                if key.data == "opt_key":
+                    items += [self.build(key.children[0]), self.optional_part(self.build(value))]
+                else:
+                    items += [self.build(key), self.build(value)]
             return Node("map", items, line, col)
         if d == "literal":
             return self.literal(ch[0])
         line, col = self.start(t)
         raise self.syntax(f"unsupported syntax: {d}", line, col)  # pragma: no cover
+
+    def element(self, t: lark.Tree) -> Node:
+        if t.data == "opt_elem":
+            return self.optional_part(self.build(t.children[0]))
+        return self.build(t)
+
+    @staticmethod
+    def optional_part(n: Node) -> Node:
+        """`?x` in a list or map literal: included only when the optional x has a value."""
+        return Node("optelem", [n], n.line, n.col)
 
     def not_reserved(self, tok: lark.Token) -> None:
         if str(tok) in _RESERVED:
@@ -236,6 +261,33 @@ class _Builder:
         return [self.build(c) for c in t.children]
 
     def call(self, name: str, target: Node | None, args: list[Node], line: int, col: int) -> Node:
+        if self.macros:
+            macro = self.macro(name, target, args, line, col)
+            if macro is not None:
+                return macro
+        if target is not None:
+            return Node("call", [target, *args], line, col, value=name, method=True)
+        return Node("call", args, line, col, value=name)
+
+    def macro(self, name: str, target: Node | None, args: list[Node], line: int, col: int) -> Node | None:
+        """The node of a macro call, or None when `name(args)` is no macro."""
+        two = len(args) >= 3 and args[0].op == "ident" and args[1].op == "ident"
+        if target is not None and name in _TWO_VARIABLE and two:
+            want = (4, 3) if name.startswith("transform") else (3,)
+            if len(args) not in want:
+                raise self.syntax(f"{name}() macro takes {' or '.join(map(str, want))} arguments", line, col)
+            op = "comp2:" + ("exists_one" if name == "existsOne" else name)
+            return Node(op, [target, *args[2:]], line, col, value=(args[0].value, args[1].value))
+        if target is not None and name == "existsOne":
+            name = "exists_one"
+        if target is not None and target.op == "ident" and target.value == "cel" and name == "bind":
+            if len(args) != 3 or args[0].op != "ident":
+                raise self.syntax("cel.bind() takes a variable name, a value and an expression", line, col)
+            return Node("bind", args[1:], line, col, value=args[0].value)
+        if target is not None and name in ("optMap", "optFlatMap"):
+            if len(args) != 2 or args[0].op != "ident":
+                raise self.syntax(f"{name}() takes a variable name and an expression", line, col)
+            return Node("comp:" + name, [target, args[1]], line, col, value=args[0].value)
         if target is None and name == "has":
             if len(args) != 1 or args[0].op != "select":
                 raise self.syntax("has() takes a single field selection, e.g. has(x.field)", line, col)
@@ -248,9 +300,7 @@ class _Builder:
             if args[0].op != "ident":
                 raise self.syntax(f"the first argument of {name}() must be a variable name", line, col)
             return Node("comp:" + name, [target, *args[1:]], line, col, value=args[0].value)
-        if target is not None:
-            return Node("call", [target, *args], line, col, value=name, method=True)
-        return Node("call", args, line, col, value=name)
+        return None
 
     def literal(self, tok: lark.Token) -> Node:
         line, col = tok.line or 1, tok.column or 1
@@ -268,7 +318,7 @@ class _Builder:
             v = self.parse_int(body)
             if v > rt.UMAX:
                 raise self.syntax(f"uint literal out of range: {text}", line, col)
-            return self.lit(v, UINT, line, col)
+            return self.lit(Uint(v), UINT, line, col)
         if kind == "FLOAT_LIT":
             return self.lit(float(text), DOUBLE, line, col)
         if kind in ("STRING_LIT", "MLSTRING_LIT"):
@@ -336,13 +386,16 @@ class _Builder:
             raise self.syntax("string literal escapes do not form valid UTF-8", line, col) from None
 
 
-def parse(source: str) -> Node:
-    """Parse CEL source into a tree of `Node`s; raises CelSyntaxError with line and column."""
+def parse(source: str, macros: bool = True) -> Node:
+    """Parse CEL source into a tree of `Node`s; raises CelSyntaxError with line and column.
+
+    With `macros=False`, `has`, `all`, `exists`... are plain function calls (CEL's macro-free parse).
+    """
     try:
         tree = _lark().parse(source)
     except UnexpectedInput as exc:
         raise _syntax_error(source, exc) from None
-    return _Builder(source).build(tree)
+    return _Builder(source, macros).build(tree)
 
 
 def subexpressions(source: str) -> list[str]:

@@ -14,12 +14,16 @@ from typing import Any, NoReturn
 
 import attrs
 
+from nexuskv.policy._celvalues import OptionalValue, TypeValue, Uint
+
 IMIN = -(1 << 63)
 IMAX = (1 << 63) - 1
 UMAX = (1 << 64) - 1
 MAX_DURATION_S = 315_576_000_000
 """CEL's duration range: about +-10000 years."""
 MAX_DURATION = _dt.timedelta(seconds=MAX_DURATION_S)
+MAX_TIME_DIFFERENCE = _dt.timedelta(microseconds=9_223_372_036_854_775)
+"""The largest `timestamp - timestamp` CEL computes: int64 nanoseconds, about +-292 years (as cel-go)."""
 EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 SECOND = _dt.timedelta(seconds=1)
 
@@ -59,13 +63,13 @@ def err(message: str, pos: int = -1) -> NoReturn:
 
 
 def kind(v: object) -> str:
-    """The CEL kind of a native value (Python ints are `int`: uint is not distinguishable at run time)."""
+    """The CEL kind of a native value (a plain Python int is `int`; a `Uint` is `uint`)."""
     if v is None:
         return "null"
     if isinstance(v, bool):
         return "bool"
     if isinstance(v, int):
-        return "int"
+        return "uint" if isinstance(v, Uint) else "int"
     if isinstance(v, float):
         return "double"
     if isinstance(v, str):
@@ -80,6 +84,10 @@ def kind(v: object) -> str:
         return "timestamp"
     if isinstance(v, _dt.timedelta):
         return "duration"
+    if isinstance(v, TypeValue):
+        return "type"
+    if isinstance(v, OptionalValue):
+        return "optional"
     if attrs.has(type(v)):
         return "message"
     return type(v).__name__
@@ -160,7 +168,7 @@ def uadd(a: int, b: int, pos: int = -1) -> int:
     """uint + uint with overflow check."""
     r = a + b
     if r <= UMAX:
-        return r
+        return Uint(r)
     err(f"uint overflow: {a}u + {b}u", pos)
 
 
@@ -168,7 +176,7 @@ def usub(a: int, b: int, pos: int = -1) -> int:
     """uint - uint with overflow check."""
     r = a - b
     if r >= 0:
-        return r
+        return Uint(r)
     err(f"uint overflow: {a}u - {b}u", pos)
 
 
@@ -176,7 +184,7 @@ def umul(a: int, b: int, pos: int = -1) -> int:
     """uint * uint with overflow check."""
     r = a * b
     if r <= UMAX:
-        return r
+        return Uint(r)
     err(f"uint overflow: {a}u * {b}u", pos)
 
 
@@ -184,14 +192,14 @@ def udiv(a: int, b: int, pos: int = -1) -> int:
     """uint / uint."""
     if b == 0:
         err("division by zero", pos)
-    return a // b
+    return Uint(a // b)
 
 
 def umod(a: int, b: int, pos: int = -1) -> int:
     """uint % uint."""
     if b == 0:
         err("modulus by zero", pos)
-    return a % b
+    return Uint(a % b)
 
 
 def fdiv(a: float, b: float, pos: int = -1) -> float:

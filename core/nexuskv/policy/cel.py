@@ -90,7 +90,14 @@ class Compiled:
 
 
 def compile_expr(
-    source: str, env: Env, *, expect: CelType | None = None, cost_limit: int = 10_000
+    source: str,
+    env: Env,
+    *,
+    expect: CelType | None = None,
+    cost_limit: int = 10_000,
+    container: str = "",
+    checked: bool = True,
+    macros: bool = True,
 ) -> Compiled:
     """Parse, type-check, bound the cost of and compile a CEL expression.
 
@@ -99,14 +106,16 @@ def compile_expr(
     if not isinstance(source, str):
         raise TypeError(f"CEL source must be a string, not {type(source).__name__}")
     try:
-        return _compile(source, env, expect, cost_limit)
+        return _compile(source, env, expect, cost_limit, container, checked, macros)
     except RecursionError:
         raise CelSyntaxError("expression is nested too deeply", 1, 1, source) from None
 
 
-def _compile(source: str, env: Env, expect: CelType | None, cost_limit: int) -> Compiled:
-    root = parse(source)
-    checker = Checker(env, source)
+def _compile(
+    source: str, env: Env, expect: CelType | None, cost_limit: int, container: str, checked: bool, macros: bool
+) -> Compiled:
+    root = parse(source, macros=macros)
+    checker = Checker(env, source, container, checked)
     result = checker.check(root, {})
     if expect is not None and not compat(result, expect):
         line, col = _first_position(source)

@@ -37,8 +37,10 @@ __all__ = [
     "map_of",
     "message_fields",
     "message_type",
+    "optional_of",
     "plugin_functions",
     "record_type",
+    "type_of",
 ]
 
 DEFAULT_MAX_LIST = 1_000_000
@@ -76,6 +78,10 @@ class CelType:
             text = f"list({self.params[0]})"
         elif self.kind == "map":
             text = f"map({self.params[0]}, {self.params[1]})"
+        elif self.kind == "type":
+            text = f"type({self.params[0]})" if self.params else "type"
+        elif self.kind == "optional":
+            text = f"optional_type({self.params[0]})"
         elif self.kind == "message":
             text = self.cls.__name__ if self.cls is not None else self.name or "message"
         else:
@@ -147,6 +153,16 @@ def map_of(key: CelType, value: CelType, max_size: int | None = None) -> CelType
     if key.kind not in _MAP_KEYS:
         raise ValueError(f"map keys must be int, uint, bool or string, not {key}")
     return CelType("map", (key, value), max_size=max_size)
+
+
+def type_of(t: CelType) -> CelType:
+    """`type(t)`: the type of the value `t` used as a value (what `type(x)` returns for an x of type t)."""
+    return CelType("type", (t,))
+
+
+def optional_of(t: CelType) -> CelType:
+    """`optional_type(t)`: an optional value of type t (the optional-types extension)."""
+    return CelType("optional", (t,))
 
 
 def message_type(cls: type) -> CelType:
