@@ -17,11 +17,14 @@ ROOT = Path(nexuskv.__file__).resolve().parent
 
 FLOORS: list[tuple[str, set[str]]] = [
     ("contracts", {"errors", "units", "logs", "eviction", "hookspecs", "health", "_schema", "contracts",
-                   "interfaces", "policy.types", "policy.verdict", "policy._celrt", "policy._tomlpos"}),
+                   "interfaces", "policy.types", "policy.verdict", "policy._celrt", "policy._tomlpos",
+                   "policy._celvalues", "policy._textproto"}),
     ("identity and policy", {"identity", "kinds", "holding", "index", "cost", "policy", "policy._celparse",
                              "policy._celcheck", "policy._celconv", "policy._celdyn", "policy._celgen", "policy.cel",
                              "policy._fastpath", "policy.model", "policy.policyset", "policy.compiler",
-                             "policy.loader", "policy.explain", "policy.testing"}),
+                             "policy.loader", "policy.explain", "policy.testing", "policy._celstd",
+                             "policy._celstdlib", "policy._celext", "policy._celmacros", "policy._celresolve",
+                             "policy.conformance"}),
     ("decisions", {"planner", "writer", "prefetch", "config", "plugins"}),
     ("kernel parts", {"control", "keying", "decisions", "hierarchy", "sharing"}),
     ("request paths", {"writepath", "loadpath", "readpath"}),

@@ -114,14 +114,14 @@ def from_native(value: Any, kind: str) -> Any:
     if kind.startswith("list"):
         inner = kind[5:]
         return ("list", [from_native(x, inner) for x in value])
-    return (kind, value)
+    return (kind, int(value) if kind == "uint" else value)  # a uint may be a Uint (an int subclass)
 
 
 # --------------------------------------------------------------------------------------------- grammar
 
 INT_LITS = st.one_of(st.integers(-9, 9).map(str), st.sampled_from([str(IMAX), str(IMIN), "0x1F", "-0x10"]))
 UINT_LITS = st.one_of(st.integers(0, 9).map(lambda n: f"{n}u"), st.just(f"{UMAX}u"))
-DOUBLE_LITS = st.sampled_from(["0.0", "1.5", "-2.0", "0.25", "3.", "1e2", ".5"])
+DOUBLE_LITS = st.sampled_from(["0.0", "1.5", "-2.0", "0.25", "3.0", "1e2", ".5"])
 STRING_LITS = st.sampled_from(['""', '"a"', "'ab'", '"b.-"', "r'a\\.'", '"\\x41"', '"\\u00e9"', '"\\101b"'])
 REGEXES = st.sampled_from(['"^a"', '"b$"', '"a.b"', '"[AB]+"', '"^$"', '"a|b"', '"\\\\."', '"(ab)*"'])
 

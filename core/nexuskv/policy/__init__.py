@@ -1,5 +1,6 @@
 """The policy engine: CEL expressions type-checked against the contracts and compiled to fast Python."""
 
+from nexuskv.policy._celvalues import OptionalValue, TypeValue, Uint
 from nexuskv.policy.cel import (
     CelCostError,
     CelError,
@@ -26,7 +27,9 @@ from nexuskv.policy.types import (
     list_of,
     map_of,
     message_type,
+    optional_of,
     record_type,
+    type_of,
 )
 
 __all__ = [
@@ -49,9 +52,14 @@ __all__ = [
     "Compiled",
     "Env",
     "FunctionDecl",
+    "OptionalValue",
+    "TypeValue",
+    "Uint",
     "compile_expr",
     "list_of",
     "map_of",
     "message_type",
+    "optional_of",
     "record_type",
+    "type_of",
 ]

@@ -68,15 +68,15 @@ def compat(a: CelType, b: CelType) -> bool:
     return all(compat(x, y) for x, y in zip(a.params, b.params, strict=True))
 
 
-FREE = CelType("dyn", name="?")
+FREE = CelType("dyn", free=True)
 """The element type of an empty list or map literal: dyn, but joined with T it gives T."""
 
 
 def _join(a: CelType, b: CelType) -> CelType | None:
     """The common type of two branches / elements, or None."""
-    if a == FREE:
+    if a.free:
         return b
-    if b == FREE:
+    if b.free:
         return a
     if a.kind == "null" and b.kind != "null":
         return b.as_nullable()

@@ -13,7 +13,6 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from nexuskv.policy._celvalues import Uint
 from nexuskv.policy._celrt import (
     EPOCH,
     IMAX,
@@ -26,6 +25,7 @@ from nexuskv.policy._celrt import (
     err,
     kind,
 )
+from nexuskv.policy._celvalues import Uint
 from nexuskv.units import parse_bytes
 
 # --------------------------------------------------------------------------------------------- time

@@ -25,7 +25,6 @@ from nexuskv.policy._celconv import (
     uint_of_int,
     uint_of_string,
 )
-from nexuskv.policy._celstdlib import opt_index, opt_select
 from nexuskv.policy._celrt import (
     CelEvalError,
     err,
@@ -43,6 +42,7 @@ from nexuskv.policy._celrt import (
     umul,
     usub,
 )
+from nexuskv.policy._celstdlib import opt_index, opt_select
 
 # --------------------------------------------------------------------------------------------- containers
 

@@ -13,7 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from nexuskv.policy import _celconv, _celdyn, _celrt
+from nexuskv.policy import _celconv, _celdyn, _celrt, _celstdlib
+from nexuskv.policy import _celmacros as macros
 from nexuskv.policy import _celstd as std
 from nexuskv.policy._celcheck import (
     CONVERSIONS,
@@ -24,13 +25,11 @@ from nexuskv.policy._celcheck import (
     STRING_METHODS,
     native_conversion,
 )
+from nexuskv.policy._celparse import CelTypeError, Node
 from nexuskv.policy._celresolve import static_type_name
-from nexuskv.policy import _celmacros as macros
-from nexuskv.policy import _celstdlib
+from nexuskv.policy._celrt import CelEvalError
 from nexuskv.policy._celstdlib import type_value
 from nexuskv.policy._celvalues import TypeValue, Uint
-from nexuskv.policy._celparse import CelTypeError, Node
-from nexuskv.policy._celrt import CelEvalError
 from nexuskv.policy.types import (
     Env,
 )

@@ -9,14 +9,13 @@ nodes that are not theirs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from nexuskv.policy._celparse import Node
 from nexuskv.policy.types import BOOL, DYN, INT, CelType, list_of, map_of, optional_of
 
-if TYPE_CHECKING:  # pragma: no cover
-    from nexuskv.policy._celcheck import Checker
-    from nexuskv.policy._celgen import Gen
+Checker = Any  # the `_celcheck.Checker` calling in (not imported: it imports this module)
+Gen = Any  # the `_celgen.Gen` calling in
 
 __all__ = ["check", "gen", "part_type"]
 

@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import celpy.celparser
 import lark
 from celpy.celparser import CELParser
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken

@@ -104,9 +104,12 @@ def dispatch(name: str, method: bool, pos: int, *args: Any) -> Any:
     """Call the overload of `name` that the run-time kinds of `args` select."""
     kinds = [kind(a) for a in args]
     for ov in FUNCTIONS.get(name, ()):
-        if ov.method == method and ov.arity_ok(len(args)):
-            if all(_exact(w, k) for w, k in zip(ov.kinds(len(args)), kinds, strict=True)):
-                return ov.impl(*args)
+        if (
+            ov.method == method
+            and ov.arity_ok(len(args))
+            and all(_exact(w, k) for w, k in zip(ov.kinds(len(args)), kinds, strict=True))
+        ):
+            return ov.impl(*args)
     err(f"no such overload: {name}({', '.join(kinds)})", pos)
 
 
@@ -124,7 +127,7 @@ def _numbers(args: Sequence[CelType]) -> CelType:
     return CelType(kinds.pop()) if len(kinds) == 1 and not kinds & {"dyn"} else DYN
 
 
-def _F(*overloads: tuple[bool, tuple[str, ...], Result, Callable[..., Any]]) -> list[Overload]:  # noqa: N802
+def _F(*overloads: tuple[bool, tuple[str, ...], Result, Callable[..., Any]]) -> list[Overload]:
     return [Overload(m, a, r, f) for m, a, r, f in overloads]
 
 
@@ -195,7 +198,7 @@ FUNCTIONS: dict[str, list[Overload]] = {
     # optional types
     "optional.of": _F((False, ("dyn",), lambda a: optional_of(a[0]), lib.optional_of)),
     "optional.ofNonZeroValue": _F((False, ("dyn",), lambda a: optional_of(a[0]), lib.optional_of_non_zero)),
-    "optional.none": _F((False, (), optional_of(CelType("dyn", name="?")), lib.optional_none)),
+    "optional.none": _F((False, (), optional_of(CelType("dyn", free=True)), lib.optional_none)),
     "hasValue": _F((True, ("optional",), BOOL, lib.has_value)),
     "value": _F((True, ("optional",), _elem, lib.opt_value)),
     "orValue": _F((True, ("optional", "dyn"), lambda a: _elem(a) if a[0].kind == "optional" else DYN,

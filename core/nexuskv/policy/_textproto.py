@@ -1,4 +1,4 @@
-"""A reader for the protocol buffers text format, schema-free, as far as CEL's conformance files need it.
+r"""A reader for the protocol buffers text format, schema-free, as far as CEL's conformance files need it.
 
 `parse_text` turns text like `section { test { name: "x" value { int64_value: 1 } } }` into a `Message`:
 an ordered list of (field name, value) pairs, where a value is a nested `Message` or a `Scalar` (the token as
@@ -116,7 +116,9 @@ _TOKEN = re.compile(
       |(?P<punct>[{}<>\[\]:,;/-])""",
     re.X,
 )
-_ESCAPE = re.compile(rb"\\(?:([abfnrtv\\'\"?])|[xX]([0-9a-fA-F]{1,2})|([0-7]{1,3})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
+_ESCAPE = re.compile(
+    rb"\\(?:([abfnrtv\\'\"?])|[xX]([0-9a-fA-F]{1,2})|([0-7]{1,3})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))"
+)
 _SIMPLE = {b"a": b"\a", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t", b"v": b"\v",
            b"\\": b"\\", b"'": b"'", b'"': b'"', b"?": b"?"}  # fmt: skip
 
@@ -169,7 +171,7 @@ class _Lexer:
         return tok
 
     def expect(self, punct: str) -> None:
-        kind, text, pos = self.next(repr(punct))
+        _kind, text, pos = self.next(repr(punct))
         if text != punct:
             raise TextFormatError(f"{self.where(pos)}: expected {punct!r}, got {text!r}")
 
@@ -189,7 +191,7 @@ def _fields(lx: _Lexer, close: str | None) -> Message:
             if close is not None:
                 raise TextFormatError(f"{lx.where(len(lx.text))}: unexpected end of text, expected {close!r}")
             return msg
-        kind, text, pos = tok
+        _kind, text, _pos = tok
         if close is not None and text == close:
             lx.i += 1
             return msg
@@ -208,7 +210,7 @@ def _field_name(lx: _Lexer) -> str:
     if text == "[":
         parts = []
         while True:
-            k, t, p = lx.next("']'")
+            _k, t, _p = lx.next("']'")
             if t == "]":
                 break
             parts.append(t)
@@ -227,7 +229,7 @@ def _field_values(lx: _Lexer, name: str) -> Iterator[Message | Scalar]:
             return
         while True:
             yield _value(lx, *lx.next(f"a value for {name!r}"), name)
-            k, t, p = lx.next("',' or ']'")
+            _k, t, p = lx.next("',' or ']'")
             if t == "]":
                 return
             if t != ",":

@@ -98,7 +98,7 @@ def protobuf_reason(case: Case) -> str | None:
     if t.text("container").startswith(("cel.expr.conformance", "google.protobuf")):
         return "the expression resolves names in a protobuf package"
     for decl in t.all("type_env"):
-        if _mentions(decl, "message_type"):
+        if _mentions(decl, "message_type", allowed=_WELL_KNOWN_VALUES):
             return "a declaration has a protobuf message type"
     for entry in t.all("bindings"):
         if _has_message(entry):
@@ -110,9 +110,11 @@ def protobuf_reason(case: Case) -> str | None:
     return None
 
 
-def _mentions(m: Message, field: str) -> bool:
+def _mentions(m: Message, field: str, allowed: tuple[str, ...] = ()) -> bool:
     for key, value in m.fields:
-        if key == field or (isinstance(value, Message) and _mentions(value, field)):
+        if key == field and not (isinstance(value, Scalar) and value.as_str() in allowed):
+            return True
+        if isinstance(value, Message) and _mentions(value, field, allowed):
             return True
     return False
 
@@ -142,6 +144,8 @@ def decode_type(m: Message) -> CelType:
         return _WELL_KNOWN[value.text]
     if name == "dyn":
         return DYN
+    if name == "message_type" and isinstance(value, Scalar) and value.as_str() in _WELL_KNOWN_VALUES:
+        return TIMESTAMP if value.as_str().endswith("Timestamp") else DURATION  # CEL's own types
     if name == "null":
         return NULL
     if name == "list_type" and isinstance(value, Message):

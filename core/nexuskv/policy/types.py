@@ -61,7 +61,8 @@ class CelType:
     """A CEL type: a scalar kind, `list(T)`, `map(K, V)` or a message type backed by an attrs class.
 
     `max_size` (lists, maps: items; strings, bytes: length) and `nullable` (the value may be `None`) refine a
-    type without changing its identity: they are ignored by `==` and `hash`.
+    type without changing its identity: they are ignored by `==` and `hash`; so is `free`, which marks the
+    `dyn` element type of an empty literal (`[]`), that takes the type it is joined with.
     """
 
     kind: str
@@ -71,6 +72,7 @@ class CelType:
     record: tuple[tuple[str, CelType], ...] = ()
     max_size: int | None = attrs.field(default=None, eq=False)
     nullable: bool = attrs.field(default=False, eq=False)
+    free: bool = attrs.field(default=False, eq=False)
 
     def __str__(self) -> str:
         """CEL spelling of the type: `int`, `list(string)`, `map(string, int)`, `StateDescriptor`."""
