@@ -24,6 +24,8 @@ FLOORS: list[tuple[str, set[str]]] = [
                              "policy._fastpath", "policy.model", "policy.policyset", "policy.compiler",
                              "policy.loader", "policy.explain", "policy.testing", "policy._celstd",
                              "policy._celstdlib", "policy._celext", "policy._celmacros", "policy._celresolve",
+                             "policy._celgeneric", "policy._celtyperel", "policy._celcost", "policy._celfold",
+                             "policy._cellit",
                              "policy.conformance"}),
     ("decisions", {"planner", "writer", "prefetch", "config", "plugins"}),
     ("kernel parts", {"control", "keying", "decisions", "hierarchy", "sharing"}),

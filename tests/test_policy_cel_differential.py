@@ -161,6 +161,16 @@ def expr(kind: str, depth: int, scope: dict[str, list[str]] | None = None) -> st
         )
 
     options: list[st.SearchStrategy[str]] = [leaf(kind, scope)]
+    if kind in ("int", "uint", "double", "string", "bool"):
+        options.append(sub(kind).map(lambda a: f"dyn({a})"))  # gradual typing: run-time dispatch on dyn
+    if kind == "bool":
+        options += [
+            st.tuples(st.sampled_from(["int", "uint", "double", "string", "bool"]), st.sampled_from(
+                ["int", "uint", "double", "string", "bool"])).flatmap(
+                lambda x: sub(x[0]).map(lambda a, t=x[1]: f"type({a}) == {t}")),
+            # cel-python's bool() makes any other string false; CEL (and we) make it an error
+            st.sampled_from(['"true"', '"false"', '"t"', '"0"', '"TRUE"', '"False"']).map(lambda a: f"bool({a})"),
+        ]  # fmt: skip
     if kind == "int":
         options += [
             binop("int", ["+", "-", "*", "/", "%"]),

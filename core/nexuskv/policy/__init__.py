@@ -24,12 +24,14 @@ from nexuskv.policy.types import (
     CelType,
     Env,
     FunctionDecl,
+    abstract_type,
     list_of,
     map_of,
     message_type,
     optional_of,
     record_type,
     type_of,
+    type_param,
 )
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "OptionalValue",
     "TypeValue",
     "Uint",
+    "abstract_type",
     "compile_expr",
     "list_of",
     "map_of",
@@ -62,4 +65,5 @@ __all__ = [
     "optional_of",
     "record_type",
     "type_of",
+    "type_param",
 ]

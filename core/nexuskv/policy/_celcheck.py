@@ -8,17 +8,17 @@ functions), rejecting unknown names (with a did-you-mean), wrong operand types a
 from __future__ import annotations
 
 import difflib
-import math
 from typing import Any
 
+from nexuskv.policy import _celgeneric as generic
 from nexuskv.policy import _celmacros as macros
 from nexuskv.policy import _celresolve as resolve
 from nexuskv.policy import _celstd as std
 from nexuskv.policy._celparse import CelTypeError, Node
+from nexuskv.policy._celtyperel import FREE, compat, nullable_eq, slen, sum_size
+from nexuskv.policy._celtyperel import join as _join
 from nexuskv.policy.types import (
     BOOL,
-    DEFAULT_MAX_LIST,
-    DEFAULT_MAX_STRING,
     DOUBLE,
     DURATION,
     DYN,
@@ -31,7 +31,6 @@ from nexuskv.policy.types import (
     FunctionDecl,
     list_of,
     map_of,
-    optional_of,
 )
 
 # --------------------------------------------------------------------------------------------- checker
@@ -53,72 +52,6 @@ FOLDABLE = {
     "!", "neg", "+", "-", "*", "/", "%", "==", "!=", "<", "<=", ">", ">=", "?:", "&&", "||", "call",
 }  # fmt: skip
 FOLD_AT_COMPILE = {"bytes_of", "duration", "timestamp"}
-
-
-def compat(a: CelType, b: CelType) -> bool:
-    """Whether a value of type `a` may stand where `b` is expected (dyn is compatible with everything)."""
-    if a.kind == "dyn" or b.kind == "dyn":
-        return True
-    if a.kind != b.kind:
-        return False
-    if a.kind == "type":
-        return True
-    if a.kind == "message":
-        return a == b
-    return all(compat(x, y) for x, y in zip(a.params, b.params, strict=True))
-
-
-FREE = CelType("dyn", free=True)
-"""The element type of an empty list or map literal: dyn, but joined with T it gives T."""
-
-
-def _join(a: CelType, b: CelType) -> CelType | None:
-    """The common type of two branches / elements, or None."""
-    if a.free:
-        return b
-    if b.free:
-        return a
-    if a.kind == "null" and b.kind != "null":
-        return b.as_nullable()
-    if b.kind == "null" and a.kind != "null":
-        return a.as_nullable()
-    if not compat(a, b):
-        return None
-    nullable = a.nullable or b.nullable
-    if a.kind == "dyn" or b.kind == "dyn":
-        return DYN
-    size = max(a.max_size, b.max_size) if a.max_size is not None and b.max_size is not None else None
-    if a.kind == "list":
-        inner = _join(a.elem, b.elem)
-        assert inner is not None
-        return list_of(inner, size).as_nullable(nullable)
-    if a.kind == "map":
-        k, v = _join(a.key, b.key), _join(a.elem, b.elem)
-        assert k is not None and v is not None
-        return map_of(k, v, size).as_nullable(nullable)
-    if a.kind == "optional":
-        inner = _join(a.elem, b.elem)
-        return optional_of(DYN if inner is None else inner)
-    return a.with_size(size).as_nullable(nullable)
-
-
-def _nullable_eq(a: CelType, b: CelType) -> bool:
-    """`x == null` is allowed when x may be null (optional fields, messages, dyn)."""
-    if a.kind == "null":
-        a, b = b, a
-    return b.kind == "null" and (a.nullable or a.kind in ("null", "dyn", "message"))
-
-
-def _slen(t: CelType) -> int:
-    return t.max_size if t.max_size is not None and t.kind in ("string", "bytes") else DEFAULT_MAX_STRING
-
-
-def _items(t: CelType) -> int:
-    return t.max_size if t.max_size is not None and t.kind in ("list", "map") else DEFAULT_MAX_LIST
-
-
-def _sum_size(a: CelType, b: CelType) -> int | None:
-    return a.max_size + b.max_size if a.max_size is not None and b.max_size is not None else None
 
 
 class Checker:
@@ -262,7 +195,7 @@ class Checker:
             return self.arith(n, scope)
         if op in ("==", "!="):
             a, b = self.check(n.args[0], scope), self.check(n.args[1], scope)
-            if not (compat(a, b) or _nullable_eq(a, b)):
+            if not (compat(a, b) or nullable_eq(a, b)):
                 raise self.error(n, f"cannot compare {a} {op} {b} (operands must have the same type)")
             return BOOL
         if op in ("<", "<=", ">", ">="):
@@ -276,7 +209,7 @@ class Checker:
         if op == "in":
             a, b = self.check(n.args[0], scope), self.check(n.args[1], scope)
             if b.kind == "list":
-                if not (compat(a, b.elem) or _nullable_eq(a, b.elem)):
+                if not (compat(a, b.elem) or nullable_eq(a, b.elem)):
                     raise self.error(n, f"'in': cannot look for {a} in {b}")
             elif b.kind == "map":
                 if not compat(a, b.key):
@@ -312,11 +245,11 @@ class Checker:
             if ka in numeric and not (ka == "double" and op == "%"):
                 return CelType(ka)
             if op == "+" and ka in ("string", "bytes"):
-                return CelType(ka, max_size=_sum_size(a, b))
+                return CelType(ka, max_size=sum_size(a, b))
             if op == "+" and ka == "list":
                 joined = _join(a.elem, b.elem)
                 if joined is not None:
-                    return list_of(joined, _sum_size(a, b))
+                    return list_of(joined, sum_size(a, b))
             if ka == "duration" and op in "+-":
                 return DURATION
             if ka == "timestamp" and op == "-":
@@ -354,7 +287,11 @@ class Checker:
         return BOOL
 
     def call(self, n: Node, scope: dict[str, CelType]) -> CelType:
-        resolve.namespaced_call(n, scope, self.declared, lambda name: std.is_function(name, False))
+        if not resolve.namespaced_call(n, scope, self.declared, lambda name: std.is_function(name, False)):
+            ns = resolve.namespace_of(n, scope, self.declared)
+            if ns is not None and any(k.startswith(ns + ".") for k in std.FUNCTIONS):
+                name = f"{ns}.{n.value}"
+                raise self.error(n, f"unknown function '{name}'{_did_you_mean(name, std.FUNCTIONS)}")
         name = n.value
         args = [self.check(a, scope) for a in n.args]
         decl = self.env.functions.get(name)
@@ -380,7 +317,7 @@ class Checker:
             if name in CONVERSIONS:
                 result = _CONVERSION_RESULT[name]
                 if name == "string":
-                    size = _slen(args[0]) if src in ("string", "bytes") else _STRING_SIZE.get(src)
+                    size = slen(args[0]) if src in ("string", "bytes") else _STRING_SIZE.get(src)
                     return result.with_size(size)
                 return result
             if name == "bytes_of":
@@ -409,10 +346,11 @@ class Checker:
             raise self.error(n, f"{decl.name}() must be called as {style}")
         if len(args) != len(decl.args):
             raise self.error(n, f"{decl.name}() takes {len(decl.args)} arguments, got {len(args)}")
+        bindings: dict[str, CelType] = {}
         for i, (a, want) in enumerate(zip(args, decl.args, strict=True)):
-            if not compat(a, want):
+            if not generic.unify(want, a, bindings, _join, compat):
                 raise self.error(n.args[i], f"argument {i + 1} of {decl.name}() must be {want}, got {a}")
-        return decl.result
+        return generic.substitute(decl.result, bindings) if bindings else decl.result
 
 
 def native_conversion(name: str, src: str) -> bool:
@@ -427,48 +365,3 @@ def native_conversion(name: str, src: str) -> bool:
 def _did_you_mean(name: str, candidates: Any) -> str:
     close = difflib.get_close_matches(name, list(candidates), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-# --------------------------------------------------------------------------------------------- cost
-
-
-def cost_of(n: Node, env: Env) -> int:
-    """The static cost bound of a checked tree (the model is in `cel`'s module docstring)."""
-    op = n.op
-    if op.startswith("comp:"):
-        rng = n.args[0]
-        body = sum(cost_of(a, env) for a in n.args[1:])
-        return 1 + cost_of(rng, env) + _items(rng.t) * (body + 1)
-    c = 1 + sum(cost_of(a, env) for a in n.args)
-    args = [a.t for a in n.args]
-    if op in ("==", "!=", "<", "<=", ">", ">="):
-        a, b = args
-        if a.kind in ("string", "bytes") or b.kind in ("string", "bytes"):
-            c += math.ceil(0.1 * min(_slen(a), _slen(b)))
-        elif a.kind in ("list", "map") or b.kind in ("list", "map"):
-            c += min(_items(a), _items(b))
-        elif a.kind == "message":
-            c += len(a.fields())
-    elif op == "in" and args[1].kind in ("list", "dyn"):
-        c += _items(args[1])
-    elif op == "+" and n.t.kind in ("string", "bytes", "list"):
-        size = _sum_size(args[0], args[1])
-        c += math.ceil(0.1 * (size if size is not None else 2 * DEFAULT_MAX_STRING))
-    elif op == "call":
-        name = n.value
-        decl = env.functions.get(name)
-        if decl is not None:
-            c += decl.cost - 1
-        elif name in ("startsWith", "endsWith"):
-            c += math.ceil(0.1 * _slen(args[1]))
-        elif name == "contains":
-            c += math.ceil(0.1 * _slen(args[0]))
-        elif name == "matches":
-            c += math.ceil(0.1 * _slen(args[0])) + math.ceil(0.1 * _slen(args[1]))
-        elif (name in CONVERSIONS or name in FOLD_AT_COMPILE) and args[0].kind in (
-            "string",
-            "bytes",
-            "dyn",
-        ):
-            c += math.ceil(0.1 * _slen(args[0]))
-    return c

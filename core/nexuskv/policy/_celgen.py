@@ -2,33 +2,27 @@
 
 The fast variant uses plain operators where the static types make them exact and short-circuits like Python;
 the exact variant implements CEL's error-absorbing logic and records source positions for its errors.
-`fold` evaluates literal-only sub-trees at compile time, and `runtime_globals` is the namespace both run in.
+Both run in the namespace `_celfold.runtime_globals` builds.
 """
 
 from __future__ import annotations
 
-import builtins
 import math
 import re
-from collections.abc import Mapping
 from typing import Any
 
-from nexuskv.policy import _celconv, _celdyn, _celrt, _celstdlib
+from nexuskv.policy import _celconv
 from nexuskv.policy import _celmacros as macros
 from nexuskv.policy import _celstd as std
 from nexuskv.policy._celcheck import (
     CONVERSIONS,
     EQ_NATIVE,
-    FOLD_AT_COMPILE,
-    FOLDABLE,
     HASHABLE_IN,
     STRING_METHODS,
     native_conversion,
 )
 from nexuskv.policy._celparse import CelTypeError, Node
 from nexuskv.policy._celresolve import static_type_name
-from nexuskv.policy._celrt import CelEvalError
-from nexuskv.policy._celstdlib import type_value
 from nexuskv.policy._celvalues import TypeValue, Uint
 from nexuskv.policy.types import (
     Env,
@@ -36,19 +30,6 @@ from nexuskv.policy.types import (
 
 # --------------------------------------------------------------------------------------------- codegen
 
-_HELPER_NAMES = (
-        "nn", "var", "iadd", "isub", "imul", "idiv", "imod", "ineg", "uadd", "usub", "umul", "udiv", "umod",
-        "fdiv", "tadd", "tsub", "duration", "timestamp", "int_of_double", "int_of_uint", "int_of_string",
-        "int_of_timestamp", "uint_of_int", "uint_of_double", "uint_of_string", "double_of_string",
-        "format_double", "string_of_bytes", "string_of_timestamp", "string_of_duration", "string_of",
-        "bytes_of", "matches", "lidx", "mget", "sel", "mkmap", "eq", "in_list", "all_x", "exists_x",
-        "as_bool",
-        "d_arith", "d_neg", "d_cmp", "d_in", "d_index", "d_select", "d_has", "d_size", "d_iter", "d_str",
-        "d_expect", "d_conv", "call_plugin",
-)  # fmt: skip
-_RUNTIME = (_celrt, _celconv, _celdyn)
-_HELPERS: dict[str, Any] = {name: next(getattr(m, name) for m in _RUNTIME if hasattr(m, name))
-                            for name in _HELPER_NAMES}  # fmt: skip
 _ARITH_HELPER = {
     ("int", "+"): "iadd", ("int", "-"): "isub", ("int", "*"): "imul", ("int", "/"): "idiv",
     ("int", "%"): "imod",
@@ -66,10 +47,6 @@ _CONV_CODE: dict[tuple[str, str], str | None] = {
     ("string", "double"): "format_double", ("string", "bytes"): "string_of_bytes",
     ("string", "timestamp"): "string_of_timestamp", ("string", "duration"): "string_of_duration",
 }  # fmt: skip
-
-
-_RUN_TIME_ONLY = ("out of range", "precision finer than")
-"""Errors of constant conversions that stay run-time errors (CEL defines them as evaluation errors)."""
 
 
 class Gen:
@@ -124,6 +101,12 @@ class Gen:
         return code
 
     def g(self, n: Node, scope: dict[str, str]) -> str:
+        code = self._g(n, scope)
+        if n.t.kind == "uint" and n.op in ("ident", "select", "index"):
+            return f"_Uint({code})"  # a uint read from the activation may be a plain int: tag it for dyn dispatch
+        return code
+
+    def _g(self, n: Node, scope: dict[str, str]) -> str:
         op = n.op
         if op == "lit":
             return self.lit(n.value)
@@ -387,8 +370,8 @@ class Gen:
             return f"_Uint({self.g(a, scope)})" if a.t.kind == "uint" else self.g(a, scope)
         if name == "type":
             static = static_type_name(n.args[0].t)
-            if static is not None:
-                return self.const(TypeValue(static))
+            if static is not None:  # the argument is still evaluated: type() of an error is that error
+                return f"({self.g(n.args[0], scope)}, {self.const(TypeValue(static))})[1]"
             return f"_type_value({self.g(n.args[0], scope)})"
         found, exact = std.candidates(name, n.method, [a.t for a in n.args])
         args = "".join(f", {self.value(a, scope, silent=True)}" for a in n.args)
@@ -404,51 +387,3 @@ class Gen:
         if n.t.kind == "dyn":
             return f"_d_str({self.g(n, scope)}{self.pos(n)})"
         return self.value(n, scope)
-
-
-def runtime_globals(consts: Mapping[str, Any]) -> dict[str, Any]:
-    """The globals generated code runs with: the runtime helpers (as `_name`) plus the given constants."""
-    g: dict[str, Any] = {"__builtins__": builtins}
-    g.update({f"_{k}": v for k, v in _HELPERS.items()})
-    g["_and_"] = _celdyn.and_
-    g["_or_"] = _celdyn.or_
-    g["_Uint"] = Uint
-    g["_dispatch"] = std.dispatch
-    g["_type_value"] = type_value
-    g["_fail"] = _celrt.err
-    for name in ("pairs", "opt_select", "opt_index", "opt_has", "opt_items", "opt_entry", "opt_map",
-                 "opt_flat_map"):  # fmt: skip
-        g[f"_{name}"] = getattr(_celstdlib, name)
-    g.update(consts)
-    return g
-
-
-# --------------------------------------------------------------------------------------------- folding
-
-
-def fold(n: Node, env: Env, source: str) -> Node:
-    """Evaluate pure sub-trees whose operands are all literals (bytes_of("4GiB") -> 4294967296)."""
-    n.args = [fold(a, env, source) for a in n.args]
-    if n.op not in FOLDABLE or not all(a.op == "lit" for a in n.args):
-        return n
-    if n.op == "call" and (n.value in env.functions or n.value == "matches"):
-        return n
-    consts: dict[str, Any] = {}
-    gen = Gen(env, True, consts, [])
-    code = gen.g(n, {})
-    try:
-        value = eval(code, runtime_globals(consts), {"A": {}})
-    except CelEvalError as exc:
-        if n.op == "call" and n.value in FOLD_AT_COMPILE and not any(m in exc.message for m in _RUN_TIME_ONLY):
-            # malformed text is a mistake worth a load-time error; a value out of range is a run-time error
-            raise CelTypeError(
-                f"invalid argument to {n.value}(): {exc.message}", n.line, n.col, source
-            ) from None
-        return n
-    except Exception:  # pragma: no cover - a helper failed unexpectedly; keep the run-time path
-        return n
-    if isinstance(value, list | dict):
-        return n
-    folded = Node("lit", [], n.line, n.col, value=value)
-    folded.t = n.t
-    return folded

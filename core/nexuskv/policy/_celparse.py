@@ -17,6 +17,7 @@ from celpy.celparser import CELParser
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from nexuskv.policy import _celrt as rt
+from nexuskv.policy._cellit import decode_quoted
 from nexuskv.policy._celvalues import Uint
 from nexuskv.policy.types import (
     BOOL,
@@ -98,15 +99,6 @@ _BINARY = {
     "addition_add": "+", "addition_sub": "-",
     "multiplication_mul": "*", "multiplication_div": "/", "multiplication_mod": "%",
 }  # fmt: skip
-_ESCAPE = re.compile(
-    r"\\(?:([abfnrtv\"'\\`?])|[xX]([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})"
-    r"|([0-3][0-7]{2})|(.|\n)?)"
-)
-_SIMPLE_ESCAPES = {
-    "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
-    '"': '"', "'": "'", "\\": "\\", "`": "`", "?": "?",
-}  # fmt: skip
-
 _RESERVED = frozenset({
     "as", "break", "const", "continue", "else", "for", "function", "if", "import", "let", "loop", "package",
     "namespace", "return", "var", "void", "while",
@@ -348,41 +340,10 @@ class _Builder:
         return -v if neg else v
 
     def decode(self, text: str, as_bytes: bool, line: int, col: int) -> str | bytes:
-        raw = text[:1] in "rR"
-        if raw:
-            text = text[1:]
-        quote = 3 if text[:3] in ('"""', "'''") else 1
-        body = text[quote:-quote]
-        if raw:
-            return body.encode("utf-8") if as_bytes else body
-        out: list[bytes] = []
-        pos = 0
-        for m in _ESCAPE.finditer(body):
-            out.append(body[pos : m.start()].encode("utf-8", "surrogatepass"))
-            pos = m.end()
-            simple, hx, u4, u8, octal, _bad = m.groups()
-            if simple is not None:
-                out.append(_SIMPLE_ESCAPES[simple].encode())
-            elif hx is not None or octal is not None:
-                code = int(hx, 16) if hx is not None else int(octal, 8)
-                out.append(bytes([code]) if as_bytes else chr(code).encode("utf-8"))
-            elif u4 is not None or u8 is not None:
-                if as_bytes:
-                    raise self.syntax("\\u and \\U escapes are not allowed in bytes literals", line, col)
-                code = int(u4 or u8, 16)
-                if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
-                    raise self.syntax(f"invalid unicode escape {m.group()!r}", line, col)
-                out.append(chr(code).encode("utf-8"))
-            else:
-                raise self.syntax(f"invalid escape sequence {m.group()!r} in string literal", line, col)
-        out.append(body[pos:].encode("utf-8", "surrogatepass"))
-        data = b"".join(out)
-        if as_bytes:
-            return data
         try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self.syntax("string literal escapes do not form valid UTF-8", line, col) from None
+            return decode_quoted(text, as_bytes)
+        except ValueError as exc:
+            raise self.syntax(str(exc), line, col) from None
 
 
 def parse(source: str, macros: bool = True) -> Node:

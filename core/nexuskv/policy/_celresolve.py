@@ -31,7 +31,10 @@ from nexuskv.policy.types import (
     type_of,
 )
 
-__all__ = ["TYPE_NAMES", "candidates", "dotted", "namespaced_call", "qualify", "static_type_name"]
+__all__ = [
+    "TYPE_NAMES", "candidates", "dotted", "namespace_of", "namespaced_call", "qualify", "static_type_name",
+    "to_type_literal",
+]  # fmt: skip
 
 TYPE_NAMES: dict[str, CelType] = {
     "int": INT, "uint": UINT, "double": DOUBLE, "bool": BOOL, "string": STRING, "bytes": BYTES,
@@ -110,18 +113,26 @@ def to_type_literal(n: Node, name: str) -> None:
     n.t = type_of(TYPE_NAMES[name])
 
 
+def namespace_of(n: Node, scope: Mapping[str, CelType], declared: Callable[[str], bool]) -> str | None:
+    """`ns` when the call `n` is `ns.fn(args)` with a qualified name `ns` that names no variable, else None."""
+    if not n.method or not n.args:
+        return None
+    chain = dotted(n.args[0])
+    if chain is None or chain[0].value in scope:
+        return None
+    ns = ".".join([chain[0].value] + [c.value for c in chain[1:]])
+    if any(declared(".".join(ns.split(".")[:i])) for i in range(1, ns.count(".") + 2)):
+        return None
+    return ns
+
+
 def namespaced_call(n: Node, scope: Mapping[str, CelType], declared: Callable[[str], bool],
                     is_function: Callable[[str], bool]) -> bool:  # fmt: skip
     """Turn the method call `ns.fn(args)` into the function call `ns.fn(args)` when `ns` is no variable."""
-    if not n.method or not n.args:
+    ns = namespace_of(n, scope, declared)
+    if ns is None:
         return False
-    chain = dotted(n.args[0])
-    if chain is None or chain[0].value in scope:
-        return False
-    ns = ".".join([chain[0].value] + [c.value for c in chain[1:]])
     name = f"{ns}.{n.value}"
-    if any(declared(".".join(ns.split(".")[:i])) for i in range(1, ns.count(".") + 2)):
-        return False
     if not is_function(name):
         return False
     n.value, n.args, n.method = name, n.args[1:], False

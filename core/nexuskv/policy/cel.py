@@ -19,8 +19,10 @@ import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from nexuskv.policy._celcheck import Checker, compat, cost_of
-from nexuskv.policy._celgen import Gen, fold, runtime_globals
+from nexuskv.policy._celcheck import Checker, compat
+from nexuskv.policy._celcost import cost_of
+from nexuskv.policy._celfold import fold, runtime_globals
+from nexuskv.policy._celgen import Gen
 from nexuskv.policy._celparse import CelCostError, CelError, CelSyntaxError, CelTypeError, parse, subexpressions
 from nexuskv.policy._celrt import CelEvalError
 from nexuskv.policy.types import (

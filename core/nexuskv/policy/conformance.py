@@ -37,10 +37,12 @@ from nexuskv.policy.types import (
     CelType,
     Env,
     FunctionDecl,
+    abstract_type,
     list_of,
     map_of,
     optional_of,
     type_of,
+    type_param,
 )
 
 __all__ = ["Case", "Outcome", "decode_type", "decode_value", "load_cases", "protobuf_reason", "run_case"]
@@ -158,10 +160,13 @@ def decode_type(m: Message) -> CelType:
         return type_of(decode_type(value))
     if name == "wrapper" and isinstance(value, Scalar):
         return _PRIMITIVES[value.text].as_nullable()
-    if name == "abstract_type" and isinstance(value, Message) and value.text("name") == "optional_type":
-        params = value.all("parameter_types")
-        inner = params[0] if params else None
-        return optional_of(decode_type(inner) if isinstance(inner, Message) else DYN)
+    if name == "type_param" and isinstance(value, Scalar):
+        return type_param(value.as_str())
+    if name == "abstract_type" and isinstance(value, Message):
+        params = [decode_type(p) for p in value.all("parameter_types") if isinstance(p, Message)]
+        if value.text("name") == "optional_type":
+            return optional_of(params[0] if params else DYN)
+        return abstract_type(value.text("name"), *params)
     raise ValueError(f"type {name} is not supported")
 
 

@@ -36,11 +36,13 @@ __all__ = [
     "list_of",
     "map_of",
     "message_fields",
+    "abstract_type",
     "message_type",
     "optional_of",
     "plugin_functions",
     "record_type",
     "type_of",
+    "type_param",
 ]
 
 DEFAULT_MAX_LIST = 1_000_000
@@ -84,6 +86,10 @@ class CelType:
             text = f"type({self.params[0]})" if self.params else "type"
         elif self.kind == "optional":
             text = f"optional_type({self.params[0]})"
+        elif self.kind == "param":
+            text = self.name
+        elif self.kind == "abstract":
+            text = f"{self.name}({', '.join(map(str, self.params))})" if self.params else self.name
         elif self.kind == "message":
             text = self.cls.__name__ if self.cls is not None else self.name or "message"
         else:
@@ -160,6 +166,16 @@ def map_of(key: CelType, value: CelType, max_size: int | None = None) -> CelType
 def type_of(t: CelType) -> CelType:
     """`type(t)`: the type of the value `t` used as a value (what `type(x)` returns for an x of type t)."""
     return CelType("type", (t,))
+
+
+def type_param(name: str) -> CelType:
+    """A type parameter (`T`) for generic plugin function declarations: `first(list(T)) -> T`."""
+    return CelType("param", name=name)
+
+
+def abstract_type(name: str, *params: CelType) -> CelType:
+    """An abstract (opaque, parameterised) type such as `tuple(T, U)`; values are any Python object."""
+    return CelType("abstract", tuple(params), name=name)
 
 
 def optional_of(t: CelType) -> CelType:
