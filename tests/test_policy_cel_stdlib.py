@@ -20,6 +20,7 @@ from nexuskv.policy import (
     DYN,
     INT,
     STRING,
+    TIMESTAMP,
     UINT,
     CelEvalError,
     CelSyntaxError,
@@ -37,6 +38,7 @@ from nexuskv.policy import (
     type_of,
     type_param,
 )
+from nexuskv.policy._celtime import dur_ns, make_dur, make_ts, ts_ns
 
 ENV = Env({
     "i": INT, "u": UINT, "s": STRING, "d": DYN, "li": list_of(INT, 16), "lu": list_of(UINT, 16),
@@ -105,8 +107,22 @@ def test_conversions():
     assert ev("timestamp(0)") == dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     assert ev("duration(duration('1s'))") == dt.timedelta(seconds=1)
     fails("int(-9223372036854775808.0)", "out of range")
-    fails("timestamp('2024-01-01T00:00:00.000000001Z')", "finer than a microsecond")
-    fails("duration('1ns')", "finer than a microsecond")
+
+
+
+def test_timestamps_and_durations_count_nanoseconds():
+    t = "timestamp('2024-01-01T00:00:00.000000001Z')"
+    assert ev(f"string({t})") == "2024-01-01T00:00:00.000000001Z"
+    assert ev(f"{t} > timestamp('2024-01-01T00:00:00Z')") is True
+    assert ev(f"{t} - duration('1ns') == timestamp('2024-01-01T00:00:00Z')") is True
+    assert ev(f"{t} - timestamp('2024-01-01T00:00:00Z') == duration('1ns')") is True
+    assert ev(f"{t} - timestamp('2024-01-01T00:00:00Z')") != dt.timedelta(0)
+    assert ev("string(duration('1.000000001s') + duration('999999999ns'))") == "2s"
+    assert ev("string(duration('-1ns'))") == "-0.000000001s"
+    assert ev("duration('1500us') == duration('1.5ms')") is True  # plain timedeltas where microseconds suffice
+    assert type(ev("duration('1500us')")) is dt.timedelta
+    assert ev("[timestamp('2024-01-01T00:00:00.5Z')].exists(x, x < " + t + " + duration('1s'))") is True
+    fails("timestamp('9999-12-31T23:59:59.999999999Z') + duration('1ns')", "out of range")
 
 
 def test_time_accessors_take_a_zone():
@@ -265,3 +281,18 @@ def test_compiling_and_evaluating_from_many_threads():
     for t in threads:
         t.join()
     assert not errors
+
+
+_NS = st.integers(-62135596800 * 10**9, 253402300799 * 10**9 + 999_999_999)  # years 1 to 9999
+
+
+@given(_NS, _NS)
+def test_nanosecond_timestamps_round_trip_and_order_like_integers(a, b):
+    ta, tb = make_ts(a), make_ts(b)
+    assert ts_ns(ta) == a and ts_ns(tb) == b
+    assert (ta < tb, ta <= tb, ta == tb, ta != tb, ta > tb) == (a < b, a <= b, a == b, a != b, a > b)
+    assert (ta == tb) <= (hash(ta) == hash(tb))
+    da, db = make_dur(a // 1000), make_dur(b // 1000)
+    assert dur_ns(da) == a // 1000 and (da < db) == (a // 1000 < b // 1000)
+    text = compile_expr("string(t)", Env({"t": TIMESTAMP}))({"t": ta})
+    assert ts_ns(compile_expr("timestamp(s)", Env({"s": STRING}))({"s": text})) == a

@@ -27,13 +27,8 @@ from nexuskv.policy.types import DYN, INT, STRING, UINT, list_of, map_of, option
 
 SUITE = Path(__file__).parent / "data" / "cel-spec"
 
-_NANOS = "timestamps and durations have microsecond precision (a finer value is an error, never rounded)"
 KNOWN_FAILURES: dict[str, str] = {
     "string_ext/format/map support (all key types)": "maps are Python dicts: `true` and `1` are the same key",
-    "timestamps/timestamp_conversions/toString_timestamp_nanos": _NANOS,
-    "timestamps/timestamp_selectors/getMilliseconds": _NANOS,
-    "timestamps/timestamp_arithmetic/add_time_to_duration_nanos_negative": _NANOS,
-    "timestamps/timestamp_arithmetic/add_time_to_duration_nanos_positive": _NANOS,
 }
 """Applicable cases that do not pass, with why (each is counted against the pass fraction)."""
 

@@ -25,6 +25,7 @@ from nexuskv.policy._celrt import (
     err,
     kind,
 )
+from nexuskv.policy._celtime import dur_ns, frac_digits, make_dur, make_ts, ts_ns
 from nexuskv.policy._celvalues import Uint
 from nexuskv.units import parse_bytes
 
@@ -37,28 +38,58 @@ def _check_duration(d: _dt.timedelta, pos: int) -> _dt.timedelta:
     err("duration out of range", pos)
 
 
-def tadd(a: Any, b: Any, pos: int = -1) -> Any:
-    """timestamp + duration, duration + timestamp, duration + duration, with range checks."""
+_MAX_DURATION_NS = MAX_DURATION_S * 1_000_000_000
+_MAX_DIFFERENCE_NS = dur_ns(MAX_TIME_DIFFERENCE)
+
+
+def _duration_of(ns: int, pos: int) -> _dt.timedelta:
+    if -_MAX_DURATION_NS <= ns <= _MAX_DURATION_NS:
+        return make_dur(ns)
+    err("duration out of range", pos)
+
+
+def _timestamp_of(ns: int, pos: int) -> _dt.datetime:
     try:
-        r = a + b
+        return make_ts(ns)
     except OverflowError:
         err("timestamp out of range", pos)
-    if isinstance(r, _dt.timedelta):
-        return _check_duration(r, pos)
-    return r
+
+
+_PLAIN = (_dt.datetime, _dt.timedelta)
+
+
+def tadd(a: Any, b: Any, pos: int = -1) -> Any:
+    """timestamp + duration, duration + timestamp, duration + duration, to the nanosecond, range-checked."""
+    if type(a) in _PLAIN and type(b) in _PLAIN:  # whole microseconds: Python's own arithmetic is exact
+        try:
+            r = a + b
+        except OverflowError:
+            err("timestamp out of range", pos)
+        return _check_duration(r, pos) if isinstance(r, _dt.timedelta) else r
+    if isinstance(a, _dt.datetime) or isinstance(b, _dt.datetime):
+        t, d = (a, b) if isinstance(a, _dt.datetime) else (b, a)
+        return _timestamp_of(ts_ns(t) + dur_ns(d), pos)
+    return _duration_of(dur_ns(a) + dur_ns(b), pos)
 
 
 def tsub(a: Any, b: Any, pos: int = -1) -> Any:
-    """timestamp - timestamp, timestamp - duration, duration - duration, with range checks."""
-    try:
-        r = a - b
-    except OverflowError:
-        err("timestamp out of range", pos)
-    if isinstance(r, _dt.timedelta):
-        if isinstance(a, _dt.datetime) and not -MAX_TIME_DIFFERENCE <= r <= MAX_TIME_DIFFERENCE:
-            err("timestamp difference out of range", pos)
-        return _check_duration(r, pos)
-    return r
+    """timestamp - timestamp, timestamp - duration, duration - duration, to the nanosecond, range-checked.
+
+    A difference of timestamps must fit int64 nanoseconds (about 292 years), as in cel-go.
+    """
+    if isinstance(a, _dt.datetime):
+        if isinstance(b, _dt.datetime):
+            ns = ts_ns(a) - ts_ns(b)
+            if not -_MAX_DIFFERENCE_NS <= ns <= _MAX_DIFFERENCE_NS:
+                err("timestamp difference out of range", pos)
+            return make_dur(ns)
+        if type(a) in _PLAIN and type(b) in _PLAIN:
+            try:
+                return a - b
+            except OverflowError:
+                err("timestamp out of range", pos)
+        return _timestamp_of(ts_ns(a) - dur_ns(b), pos)
+    return _duration_of(dur_ns(a) - dur_ns(b), pos)
 
 
 _DURATION_UNITS = {
@@ -70,7 +101,7 @@ _DURATION = re.compile(r"^[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))
 
 
 def duration(text: str, pos: int = -1) -> _dt.timedelta:
-    """Parse a Go-style duration (`30s`, `1.5h`, `-2m30s`, `100ms`); microsecond precision."""
+    """Parse a Go-style duration (`30s`, `1.5h`, `-2m30s`, `100ms`, `1ns`) to the nanosecond."""
     if text in ("0", "+0", "-0"):
         return _dt.timedelta(0)
     if not isinstance(text, str) or not _DURATION.match(text):
@@ -80,10 +111,7 @@ def duration(text: str, pos: int = -1) -> _dt.timedelta:
         total = -total
     if abs(total) > MAX_DURATION_S:
         err(f"duration out of range: {text!r}", pos)
-    micros = total.scaleb(6)
-    if micros != micros.to_integral_value():
-        err(f"duration {text!r}: precision finer than a microsecond is not supported", pos)
-    return _dt.timedelta(microseconds=int(micros))
+    return make_dur(int(total.scaleb(9)))  # finer than a nanosecond: truncated, as Go's ParseDuration
 
 
 _TIMESTAMP = re.compile(
@@ -92,14 +120,13 @@ _TIMESTAMP = re.compile(
 
 
 def timestamp(text: str, pos: int = -1) -> _dt.datetime:
-    """Parse an RFC 3339 timestamp into an aware UTC datetime (fractions truncated to microseconds)."""
+    """Parse an RFC 3339 timestamp into an aware UTC datetime (NanoTimestamp for sub-microsecond fractions)."""
     m = _TIMESTAMP.match(text) if isinstance(text, str) else None
     if m is None:
         err(f"invalid timestamp {text!r} (use RFC 3339, e.g. 2024-01-01T00:00:00Z)", pos)
     y, mo, d, h, mi, s, frac, z, sign, oh, om = m.groups()
-    micros = int((frac or "").ljust(6, "0")[:6])
-    if frac is not None and frac[6:].strip("0"):
-        err(f"timestamp {text!r}: precision finer than a microsecond is not supported", pos)
+    nanos = int((frac or "").ljust(9, "0"))
+    micros, rest = divmod(nanos, 1000)
     if not 1 <= int(y) <= 9999:
         err(f"timestamp out of range: {text!r}", pos)
     try:
@@ -111,9 +138,10 @@ def timestamp(text: str, pos: int = -1) -> _dt.datetime:
     except (ValueError, OverflowError):
         err(f"invalid timestamp {text!r}", pos)
     try:
-        return value.astimezone(_dt.UTC)
+        utc = value.astimezone(_dt.UTC)
     except OverflowError:
         err(f"timestamp out of range: {text!r}", pos)
+    return make_ts(ts_ns(utc) + rest) if rest else utc
 
 
 # --------------------------------------------------------------------------------------------- conversions
@@ -226,18 +254,18 @@ def string_of_bytes(b: bytes, pos: int = -1) -> str:
 
 
 def string_of_timestamp(t: _dt.datetime, pos: int = -1) -> str:
-    """RFC 3339 in UTC with the shortest fraction, e.g. `2024-01-01T00:00:00Z`."""
+    """RFC 3339 in UTC with the shortest fraction, e.g. `2024-01-01T00:00:00Z`, `...:00.000000001Z`."""
+    ns = t.microsecond * 1000 + getattr(t, "ns", 0)
     t = t.astimezone(_dt.UTC)
-    text = t.strftime("%Y-%m-%dT%H:%M:%S")
-    if t.microsecond:
-        text += "." + f"{t.microsecond:06d}".rstrip("0")
+    text = f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
+    if ns:
+        text += "." + frac_digits(ns)
     return text + "Z"
 
 
 def string_of_duration(d: _dt.timedelta, pos: int = -1) -> str:
     """Seconds with an `s` suffix and the shortest fraction, e.g. `30s`, `1.5s`."""
-    micros = (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
-    text = f"{Decimal(micros).scaleb(-6):f}"
+    text = f"{Decimal(dur_ns(d)).scaleb(-9):f}"
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return text + "s"

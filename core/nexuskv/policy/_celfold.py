@@ -36,7 +36,7 @@ _HELPER_NAMES = (
 _RUNTIME = (_celrt, _celconv, _celdyn)
 _HELPERS: dict[str, Any] = {name: next(getattr(m, name) for m in _RUNTIME if hasattr(m, name))
                             for name in _HELPER_NAMES}  # fmt: skip
-_RUN_TIME_ONLY = ("out of range", "precision finer than")
+_RUN_TIME_ONLY = ("out of range",)
 """Errors of constant conversions that stay run-time errors (CEL defines them as evaluation errors)."""
 
 

@@ -30,6 +30,7 @@ from nexuskv.policy._celconv import (
     uint_of_string,
 )
 from nexuskv.policy._celrt import EPOCH, err
+from nexuskv.policy._celtime import dur_ns
 from nexuskv.policy._celvalues import NONE, OptionalValue, TypeValue, type_name
 
 __all__ = [
@@ -125,7 +126,7 @@ def duration_part(name: str) -> Callable[[_dt.timedelta], int]:
     """The accessor `name` of a duration: whole hours, minutes or seconds, or the milliseconds part."""
 
     def accessor(d: _dt.timedelta) -> int:
-        micros = (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
+        micros = dur_ns(d) // 1000 if dur_ns(d) >= 0 else -(-dur_ns(d) // 1000)
         sign = -1 if micros < 0 else 1
         micros = abs(micros)
         if name == "getHours":

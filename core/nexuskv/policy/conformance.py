@@ -9,18 +9,17 @@ strict about kinds (`1` is not `1u` is not `1.0`). `decode_value` and `decode_ty
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from nexuskv.policy._celparse import CelError
-from nexuskv.policy._celrt import EPOCH, CelEvalError
-from nexuskv.policy._celvalues import OptionalValue, TypeValue, Uint, type_name
+from nexuskv.policy._celrt import CelEvalError
+from nexuskv.policy._celtime import make_dur, make_ts
+from nexuskv.policy._celvalues import TypeValue, Uint, type_name
 from nexuskv.policy._textproto import Message, Scalar, parse_text
 from nexuskv.policy.cel import compile_expr
 from nexuskv.policy.types import (
@@ -45,7 +44,7 @@ from nexuskv.policy.types import (
     type_param,
 )
 
-__all__ = ["Case", "Outcome", "decode_type", "decode_value", "load_cases", "protobuf_reason", "run_case"]
+__all__ = ["Case", "Outcome", "decode_type", "decode_value", "load_cases", "protobuf_reason", "run_case", "same"]
 
 
 @attrs.frozen
@@ -215,9 +214,9 @@ def _well_known(any_: Message) -> Any:
     s = seconds.as_int() if isinstance(seconds, Scalar) else 0
     ns = nanos.as_int() if isinstance(nanos, Scalar) else 0
     if type_name_ == "google.protobuf.Duration":
-        return _dt.timedelta(seconds=s, microseconds=ns / 1000)
+        return make_dur(s * 1_000_000_000 + ns)
     if type_name_ == "google.protobuf.Timestamp":
-        return EPOCH + _dt.timedelta(seconds=s, microseconds=ns / 1000)
+        return make_ts(s * 1_000_000_000 + ns)
     raise ValueError(f"message value {type_name_} is not supported")
 
 
@@ -325,6 +324,3 @@ def same(a: Any, b: Any) -> bool:
         return a.present == b.present and (not a.present or same(a.value, b.value))
     return bool(a == b)
 
-
-__all__ += ["same"]
-_ = (Mapping, OptionalValue)
