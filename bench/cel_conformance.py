@@ -3,8 +3,9 @@
 Run `.venv/bin/python bench/cel_conformance.py [SUITE_DIR]` (default: tests/data/cel-spec, the suite vendored
 unmodified from ../shared/conformance/cel-spec). Every case that needs no protobuf message type is applicable;
 each is compiled, evaluated by the fast and the exact path (which must agree), and compared with CEL's strict
-value identity. Prints counts per file, the cases not applicable by reason, every non-passing case with why,
-and ends with `RESULT` lines (always exits 0).
+value identity. cel-python runs the same cases through `_celpy_conformance` for comparison. Prints counts per
+file, the cases not applicable by reason, every non-passing case with why, and ends with `RESULT` lines
+(always exits 0).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from pathlib import Path
 
 from nexuskv.policy.conformance import load_cases, protobuf_reason, run_case
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _celpy_conformance  # noqa: E402
+
 DEFAULT = Path(__file__).resolve().parents[1] / "tests" / "data" / "cel-spec"
 
 
@@ -25,6 +29,7 @@ def main() -> None:
     reasons: collections.Counter[str] = collections.Counter()
     per_file: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     problems = []
+    celpy: collections.Counter[str] = collections.Counter()
     started = time.perf_counter()
     for case in cases:
         reason = protobuf_reason(case)
@@ -34,6 +39,7 @@ def main() -> None:
             continue
         outcome = run_case(case)
         per_file[case.file][outcome.status] += 1
+        celpy[_celpy_conformance.outcome(case).status] += 1
         if outcome.status != "pass":
             problems.append((case, outcome))
     elapsed = time.perf_counter() - started
@@ -51,6 +57,9 @@ def main() -> None:
     passed = sum(counts["pass"] for counts in per_file.values())
     wrong = sum(counts["wrong"] for counts in per_file.values())
     fraction = passed / applicable if applicable else 0.0
+    print(f"NexusKV:    {passed} / {applicable} pass ({fraction:.2%}), {wrong} wrong values")
+    print(f"cel-python: {celpy['pass']} / {applicable} pass ({celpy['pass'] / max(applicable, 1):.2%}), "
+          f"{celpy['wrong']} wrong values (same cases and comparison; its adapter is in _celpy_conformance.py)")
     print(f"RESULT cel.conformance_pass_fraction {fraction:.4f} >= 0.99")
     print(f"RESULT cel.conformance_wrong_values {wrong} <= 0")
     print(f"RESULT cel.conformance_applicable {applicable} >= 1100")

@@ -105,9 +105,14 @@ def part_type(ck: Checker, n: Node, scope: dict[str, CelType]) -> CelType:
     return t.elem if t.kind == "optional" else DYN
 
 
+_GEN_OPS = frozenset({"bind", "comp:optMap", "comp:optFlatMap", "optselect", "optindex", "opthas"})
+
+
 def gen(g: Gen, n: Node, scope: dict[str, str]) -> str | None:
     """Python for a macro or optional node (None when `n` is another kind of node)."""
     op = n.op
+    if not op.startswith("comp2:") and op not in _GEN_OPS:
+        return None
     pos = g.pos(n)
     if op.startswith("comp2:"):
         macro = op[6:]
