@@ -14,8 +14,8 @@ from typing import Any
 import celpy
 import celpy.celtypes as ct
 
-from nexuskv.policy._textproto import Message
 from nexuskv.policy._celvalues import TypeValue, Uint
+from nexuskv.policy._textproto import Message
 from nexuskv.policy.conformance import Case, Outcome, decode_value, same
 
 _TYPE_NAMES = {ct.IntType: "int", ct.UintType: "uint", ct.DoubleType: "double", ct.BoolType: "bool",
@@ -94,14 +94,14 @@ def outcome(case: Case) -> Outcome:
             activation[entry.text("key")] = to_celpy(decode_value(inner))
         env = celpy.Environment(package=t.text("container") or None)
         program = env.program(env.compile(case.expr))
-    except Exception as exc:  # noqa: BLE001 - any failure to prepare is a failed case
+    except Exception as exc:
         return Outcome("fail", f"compile: {type(exc).__name__}")
     if t.flag("check_only"):
         return Outcome("pass")
     try:
         result = program.evaluate(activation)
         error = isinstance(result, celpy.CELEvalError)
-    except Exception:  # noqa: BLE001 - cel-python raises evaluation errors
+    except Exception:
         result, error = None, True
     if t.get("eval_error") is not None or t.get("any_eval_errors") is not None:
         return Outcome("pass" if error else "wrong")

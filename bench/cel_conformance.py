@@ -18,7 +18,7 @@ from pathlib import Path
 from nexuskv.policy.conformance import load_cases, protobuf_reason, run_case
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _celpy_conformance  # noqa: E402
+import _celpy_conformance
 
 DEFAULT = Path(__file__).resolve().parents[1] / "tests" / "data" / "cel-spec"
 
