@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from nexuskv.policy._celparse import Node
+from nexuskv.policy._celrt import KIND_TYPE_NAMES
 from nexuskv.policy._celvalues import TypeValue
 from nexuskv.policy.types import (
     BOOL,
@@ -44,17 +45,13 @@ TYPE_NAMES: dict[str, CelType] = {
 }  # fmt: skip
 """Type names usable as values, and the type each denotes."""
 
-_KIND_NAMES = {"null": "null_type", "timestamp": "google.protobuf.Timestamp",
-               "duration": "google.protobuf.Duration", "optional": "optional_type"}  # fmt: skip
-
-
 def static_type_name(t: CelType) -> str | None:
     """The name `type(x)` gives every value of static type `t` (None when only the run time can say)."""
     if t.kind == "dyn" or t.nullable:
         return None
     if t.kind == "message":
         return str(t)
-    return _KIND_NAMES.get(t.kind, t.kind)
+    return KIND_TYPE_NAMES.get(t.kind, t.kind)
 
 
 def candidates(name: str, container: str) -> list[str]:

@@ -93,6 +93,17 @@ def kind(v: object) -> str:
     return type(v).__name__
 
 
+KIND_TYPE_NAMES = {"null": "null_type", "timestamp": "google.protobuf.Timestamp",
+                   "duration": "google.protobuf.Duration", "optional": "optional_type"}  # fmt: skip
+"""The name `type(x)` gives a kind, where it is not the kind itself."""
+
+
+def type_name(v: object) -> str:
+    """The name `type(v)` gives a native value: `int`, `uint`, `null_type`, `google.protobuf.Timestamp`..."""
+    k = kind(v)
+    return type(v).__name__ if k == "message" else KIND_TYPE_NAMES.get(k, k)
+
+
 def nn(v: Any, pos: int = -1) -> Any:
     """`v`, or an error when it is null (an unset optional field used where a value is needed)."""
     if v is None:

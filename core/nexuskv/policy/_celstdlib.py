@@ -29,9 +29,9 @@ from nexuskv.policy._celconv import (
     uint_of_int,
     uint_of_string,
 )
-from nexuskv.policy._celrt import EPOCH, err
+from nexuskv.policy._celrt import EPOCH, err, type_name
 from nexuskv.policy._celtime import dur_ns
-from nexuskv.policy._celvalues import NONE, OptionalValue, TypeValue, type_name
+from nexuskv.policy._celvalues import NONE, OptionalValue, TypeValue
 
 __all__ = [
     "bool_of_string", "bytes_of_string", "double_of_string", "duration", "duration_part", "has_value",

@@ -1,19 +1,12 @@
-"""Run-time values CEL has and Python lacks: `Uint`, `TypeValue` (a type used as a value) and `OptionalValue`.
-
-`type_name` is the name `type(x)` gives a native value: `int`, `uint`, `double`, `bool`, `string`, `bytes`,
-`null_type`, `list`, `map`, `google.protobuf.Timestamp`, `google.protobuf.Duration`, `type`, `optional_type`,
-or a message's name.
-"""
+"""Run-time values CEL has and Python lacks: `Uint`, `TypeValue` (a type used as a value) and `OptionalValue`."""
 
 from __future__ import annotations
 
-import datetime as _dt
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-__all__ = ["NONE", "OptionalValue", "TypeValue", "Uint", "type_name"]
+__all__ = ["NONE", "OptionalValue", "TypeValue", "Uint"]
 
 
 class Uint(int):
@@ -57,34 +50,3 @@ class OptionalValue:
 
 NONE = OptionalValue(False)
 """`optional.none()`."""
-
-
-def type_name(v: object) -> str:
-    """The CEL type name of a native value, as `type(v)` reports it."""
-    if v is None:
-        return "null_type"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, Uint):
-        return "uint"
-    if isinstance(v, int):
-        return "int"
-    if isinstance(v, float):
-        return "double"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, bytes | bytearray):
-        return "bytes"
-    if isinstance(v, list | tuple):
-        return "list"
-    if isinstance(v, Mapping):
-        return "map"
-    if isinstance(v, _dt.datetime):
-        return "google.protobuf.Timestamp"
-    if isinstance(v, _dt.timedelta):
-        return "google.protobuf.Duration"
-    if isinstance(v, TypeValue):
-        return "type"
-    if isinstance(v, OptionalValue):
-        return "optional_type"
-    return type(v).__name__

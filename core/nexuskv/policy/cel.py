@@ -1,8 +1,9 @@
-"""The CEL pipeline of the policy engine: parse (cel-python's grammar), type-check, bound the cost, compile.
+"""The CEL pipeline of the policy engine: parse (cel-python's grammar, extended), type-check, bound the cost, compile.
 
-`compile_expr` turns an expression into a `Compiled` callable that evaluates over native Python values. The
-checked tree is translated to one Python expression (plain operators where the static types make them exact,
-helpers from `_celrt` where CEL semantics need them) and compiled once. `&&`, `||`, `all` and `exists` run as
+`compile_expr` turns an expression into a `Compiled` callable that evaluates over native Python values (the
+dialect, its standard functions and extensions are listed in docs/policies.md). The checked tree is translated
+to one Python expression (plain operators where the static types make them exact, run-time helpers where CEL
+semantics need them) and compiled once. `&&`, `||`, `all` and `exists` run as
 Python's short-circuit operators; when that fast code raises, the expression is re-evaluated by an exact
 variant that implements CEL's error-absorbing logic, so both agree wherever the fast code succeeds.
 
@@ -103,7 +104,10 @@ def compile_expr(
 ) -> Compiled:
     """Parse, type-check, bound the cost of and compile a CEL expression.
 
-    Raises CelSyntaxError, CelTypeError (also when the result type is not `expect`) or CelCostError.
+    `container` is the namespace names resolve in (`c` in container `a.b` tries `a.b.c`, `a.c`, `c`);
+    `checked=False` is CEL's parse-only mode (what the checker would reject fails when evaluated instead);
+    `macros=False` parses `has`, `all`, `exists`... as plain calls. Raises CelSyntaxError, CelTypeError
+    (also when the result type is not `expect`) or CelCostError.
     """
     if not isinstance(source, str):
         raise TypeError(f"CEL source must be a string, not {type(source).__name__}")

@@ -17,9 +17,9 @@ from typing import Any
 import attrs
 
 from nexuskv.policy._celparse import CelError
-from nexuskv.policy._celrt import CelEvalError
+from nexuskv.policy._celrt import CelEvalError, type_name
 from nexuskv.policy._celtime import make_dur, make_ts
-from nexuskv.policy._celvalues import TypeValue, Uint, type_name
+from nexuskv.policy._celvalues import TypeValue, Uint
 from nexuskv.policy._textproto import Message, Scalar, parse_text
 from nexuskv.policy.cel import compile_expr
 from nexuskv.policy.types import (
