@@ -9,7 +9,9 @@ tests pin what a policy author relies on beyond it.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
+import pickle
 import threading
 
 import pytest
@@ -17,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nexuskv.policy import (
+    BOOL,
     DYN,
     INT,
     STRING,
@@ -35,6 +38,7 @@ from nexuskv.policy import (
     list_of,
     map_of,
     optional_of,
+    record_type,
     type_of,
     type_param,
 )
@@ -296,3 +300,81 @@ def test_nanosecond_timestamps_round_trip_and_order_like_integers(a, b):
     assert dur_ns(da) == a // 1000 and (da < db) == (a // 1000 < b // 1000)
     text = compile_expr("string(t)", Env({"t": TIMESTAMP}))({"t": ta})
     assert ts_ns(compile_expr("timestamp(s)", Env({"s": STRING}))({"s": text})) == a
+
+
+# --------------------------------------------------------------------------------------------- review regressions
+
+
+class _Vars:
+    """A record value whose field names are not Python identifiers (policy variables may be any TOML key)."""
+
+    def __init__(self, **fields: object) -> None:
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+
+def test_field_names_never_become_code():
+    env = Env({"v": record_type("variables", {"small": BOOL, "small or 1": BOOL, "pass": INT, "s.x": INT})})
+    value = _Vars(**{"small": True, "small or 1": False, "pass": 3, "s.x": 4})
+    for source, want in [("v.`small or 1`", False), ("has(v.`small or 1`)", True), ("v.pass + v.`s.x`", 7)]:
+        compiled = compile_expr(source, env)
+        assert compiled({"v": value}) == want and compiled.evaluate_exact({"v": value}) == want
+        assert type(compiled({"v": value})) is type(want)
+
+
+def test_bool_keys_never_find_int_keys():
+    fails("{1: 'a'}[dyn(true)]", "no such key")
+    assert ev("dyn(true) in {1: 1}") is False and ev("dyn(1) in {true: 1}") is False
+    env = Env({"r": map_of(DYN, INT)})
+    assert compile_expr("true in r", env)({"r": {1: 5}}) is False
+    with pytest.raises(CelEvalError, match="no such key"):
+        compile_expr("r[true]", env)({"r": {1: 5}})
+
+
+def test_uint_values_keep_their_kind_through_containers_and_calls():
+    env = ENV.extend({"mu": map_of(STRING, UINT), "nu": UINT.as_nullable()})
+    act = {**ACT, "mu": {"a": 1}, "nu": None}
+    for source, want in [("math.bitNot(mu.?a.value())", Uint(18446744073709551614)), ("dyn(lu)[0] + 1u", Uint(5)),
+                         ("type(dyn(lu)[0]) == uint", True), ("dyn(mu).a + 1u", Uint(2)), ("nu == null", True),
+                         ("math.abs(mu.?a.value())", Uint(1))]:  # fmt: skip
+        compiled = compile_expr(source, env)
+        for fn in (compiled, compiled.evaluate_exact):
+            got = fn(act)
+            assert got == want and type(got) is type(want), source
+
+
+def test_or_value_and_or_keep_the_optional_type():
+    with pytest.raises(CelTypeError, match=r"no matching overload for optional_type\(int\)\.orValue\(string\)"):
+        compile_expr("m[?'z'].orValue('a')", ENV)
+    with pytest.raises(CelTypeError, match="no matching overload"):
+        compile_expr("m[?'z'].or(optional.of('a'))", ENV)
+    assert compile_expr("optional.none().orValue('a')", ENV).type == STRING
+
+
+def test_bind_computes_its_value_only_when_used():
+    assert ev("cel.bind(x, 1 / 0, true)") is True
+    assert ev("cel.bind(x, 1 / 0, false && x > 0)") is False
+    fails("cel.bind(x, 1 / 0, x > 0)", "division by zero")
+
+
+def test_transform_map_entry_needs_a_map_at_run_time():
+    assert ev("{'a': 1}.transformMapEntry(k, v, {k + 'x': v})") == {"ax": 1}
+    fails("{1: 2}.transformMapEntry(k, v, dyn(3))", "must give a map")
+
+
+def test_null_is_a_value_for_dyn_parameters():
+    env = Env({"r": record_type("R", {"s": STRING.as_nullable()})})
+    value = _Vars(s=None)
+    assert compile_expr("optional.of(r.s).hasValue()", env)({"r": value}) is True
+    assert compile_expr("optional.ofNonZeroValue(r.s).hasValue()", env)({"r": value}) is False
+
+
+def test_nanosecond_values_copy_pickle_and_hash_by_their_full_value():
+    t, d = make_ts(1_000_000_000_000_000_001), make_dur(1)
+    assert copy.copy(t) == t and copy.deepcopy(d) == d and pickle.loads(pickle.dumps(t)) == t
+    assert pickle.loads(pickle.dumps(d)).ns == 1
+    u = t.replace(microsecond=0)  # a NanoTimestamp with ns == 0 is its plain value, hash included
+    plain = dt.datetime(u.year, u.month, u.day, u.hour, u.minute, u.second, tzinfo=dt.UTC)
+    assert u == plain and len({u, plain}) == 1
+    assert ts_ns(t + dt.timedelta(seconds=1)) == ts_ns(t) + 10**9 and dur_ns(-d) == -1
+    assert dur_ns(dt.timedelta(0) - d) == -1 and dur_ns(t - t) == 0

@@ -324,6 +324,12 @@ class Checker:
                 return INT
             return DURATION if name == "duration" else TIMESTAMP
         found, _ = std.candidates(name, n.method, args)
+        if found and name in ("orValue", "or") and args[0].kind == "optional":  # optional(T).orValue(T) -> T
+            want = args[0].elem if name == "orValue" else args[0]
+            joined = _join(want, args[1]) if compat(args[1], want) else None
+            if joined is None:
+                raise self.error(n, f"no matching overload for {args[0]}.{name}({args[1]})")
+            return joined
         if found:
             return std.result_of(found, args)
         shown = ", ".join(map(str, args[1:] if n.method else args))

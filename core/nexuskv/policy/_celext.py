@@ -303,6 +303,16 @@ def _bits(a: Any, value: int) -> Any:
     return Uint(value & UMAX) if isinstance(a, Uint) else _signed(value)
 
 
+def unsigned(fn: Any) -> Any:
+    """The uint overload of an int function: arguments and result are uints, whatever their Python type."""
+
+    def wrapped(*args: Any) -> Uint:
+        return Uint(int(fn(Uint(args[0]), *args[1:])) & UMAX)
+
+    wrapped.__name__ = f"{fn.__name__}_uint"
+    return wrapped
+
+
 def bit_and(a: int, b: int) -> Any:
     """`math.bitAnd(a, b)`."""
     return _bits(a, a & b)

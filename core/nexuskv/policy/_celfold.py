@@ -18,7 +18,7 @@ from nexuskv.policy._celgen import Gen
 from nexuskv.policy._celparse import CelTypeError, Node
 from nexuskv.policy._celrt import CelEvalError
 from nexuskv.policy._celstdlib import type_value
-from nexuskv.policy._celvalues import Uint
+from nexuskv.policy._celvalues import Uint, as_uint, uint_deep
 from nexuskv.policy.types import Env
 
 __all__ = ["fold", "runtime_globals"]
@@ -47,10 +47,13 @@ def runtime_globals(consts: Mapping[str, Any]) -> dict[str, Any]:
     g["_and_"] = _celdyn.and_
     g["_or_"] = _celdyn.or_
     g["_Uint"] = Uint
+    g["_as_uint"] = as_uint
+    g["_uint_deep"] = uint_deep
     g["_dispatch"] = std.dispatch
     g["_type_value"] = type_value
     g["_fail"] = _celrt.err
-    for name in ("pairs", "opt_select", "opt_index", "opt_has", "opt_items", "opt_entry", "opt_map",
+    g["_Lazy"] = _celstdlib.Lazy
+    for name in ("pairs", "entries", "opt_select", "opt_index", "opt_has", "opt_items", "opt_entry", "opt_map",
                  "opt_flat_map"):  # fmt: skip
         g[f"_{name}"] = getattr(_celstdlib, name)
     g.update(consts)

@@ -7,6 +7,7 @@ Both run in the namespace `_celfold.runtime_globals` builds.
 
 from __future__ import annotations
 
+import keyword
 import math
 import re
 from typing import Any
@@ -23,7 +24,7 @@ from nexuskv.policy._celcheck import (
 )
 from nexuskv.policy._celparse import CelTypeError, Node
 from nexuskv.policy._celresolve import static_type_name
-from nexuskv.policy._celvalues import TypeValue, Uint
+from nexuskv.policy._celvalues import TypeValue, Uint, uint_shape
 from nexuskv.policy.types import (
     Env,
 )
@@ -47,6 +48,22 @@ _CONV_CODE: dict[tuple[str, str], str | None] = {
     ("string", "double"): "format_double", ("string", "bytes"): "string_of_bytes",
     ("string", "timestamp"): "string_of_timestamp", ("string", "duration"): "string_of_duration",
 }  # fmt: skip
+
+
+_READS = frozenset({"ident", "select", "index", "optselect", "optindex", "call"})
+"""Nodes whose values come from outside the expression (activation, plugins, containers)."""
+
+
+def attribute(obj: str, field: str) -> str:
+    """Python reading field `field` of `obj`: `obj.field` for a plain name, else `getattr` with the name quoted."""
+    if field.isidentifier() and not keyword.iskeyword(field) and not field.startswith("__"):
+        return f"{obj}.{field}"
+    return f"getattr({obj}, {field!r})"
+
+
+def _same_key_kind(key: str, declared: str) -> bool:
+    """Whether a Python dict lookup finds exactly what CEL's does: one non-dyn kind (bool keys never meet ints)."""
+    return key == declared and key not in ("dyn", "double")
 
 
 class Gen:
@@ -102,8 +119,12 @@ class Gen:
 
     def g(self, n: Node, scope: dict[str, str]) -> str:
         code = self._g(n, scope)
-        if n.t.kind == "uint" and n.op in ("ident", "select", "index"):
-            return f"_Uint({code})"  # a uint read from the activation may be a plain int: tag it for dyn dispatch
+        if n.op in _READS:
+            shape = uint_shape(n.t)  # a uint read from outside may be a plain int: tag it for dyn dispatch
+            if shape == "u":
+                return f"_as_uint({code})"
+            if shape is not None:
+                return f"_uint_deep({code}, {self.const(shape)})"
         return code
 
     def _g(self, n: Node, scope: dict[str, str]) -> str:
@@ -132,7 +153,7 @@ class Gen:
             if obj.t.kind == "message":
                 if self.exact:
                     return f"(_sel({self.g(obj, scope)}, {field!r}{self.pos(n)}) is not None)"
-                return f"({self.g(obj, scope)}.{field} is not None)"
+                return f"({attribute(self.g(obj, scope), field)} is not None)"
             if obj.t.kind == "map":
                 return f"({field!r} in {self.value(obj, scope)})"
             return f"_d_has({self.g(obj, scope)}, {field!r}{self.pos(n)})"
@@ -141,9 +162,9 @@ class Gen:
             o, i = self.value(obj, scope), self.value(idx, scope, silent=True)
             if obj.t.kind == "list" and idx.t.kind != "dyn":
                 return f"_lidx({o}, {i}{self.pos(n)})"
-            if obj.t.kind == "map":
+            if obj.t.kind == "map" and _same_key_kind(idx.t.kind, obj.t.key.kind):
                 return f"_mget({o}, {i}{self.pos(n)})" if self.exact else f"{o}[{i}]"
-            return f"_d_index({o}, {i}{self.pos(n)})"
+            return f"_d_index({o}, {i}{self.pos(n)})"  # CEL's key equality: true is not 1
         if op == "list":
             return "[" + ", ".join(self.element(a, scope) for a in n.args) + "]"
         if op == "map":
@@ -231,7 +252,7 @@ class Gen:
         if kind == "message":
             if self.exact:
                 return f"_sel({self.g(obj, scope)}, {field!r}{self.pos(n)})"
-            return f"{self.g(obj, scope)}.{field}"
+            return attribute(self.g(obj, scope), field)
         if kind == "map":
             o = self.value(obj, scope)
             return f"_mget({o}, {field!r}{self.pos(n)})" if self.exact else f"{o}[{field!r}]"
@@ -271,7 +292,7 @@ class Gen:
     def contains(self, n: Node, scope: dict[str, str]) -> str:
         a, b = n.args
         x = self.g(a, scope)
-        if b.t.kind == "map":
+        if b.t.kind == "map" and _same_key_kind(a.t.kind, b.t.key.kind):
             return f"({x} in {self.value(b, scope)})"
         if b.t.kind == "list":
             elem = b.t.elem.kind
@@ -367,14 +388,20 @@ class Gen:
         name = n.value
         if name == "dyn":
             a = n.args[0]
-            return f"_Uint({self.g(a, scope)})" if a.t.kind == "uint" else self.g(a, scope)
+            return f"_as_uint({self.g(a, scope)})" if a.t.kind == "uint" else self.g(a, scope)
         if name == "type":
             static = static_type_name(n.args[0].t)
             if static is not None:  # the argument is still evaluated: type() of an error is that error
                 return f"({self.g(n.args[0], scope)}, {self.const(TypeValue(static))})[1]"
             return f"_type_value({self.g(n.args[0], scope)})"
         found, exact = std.candidates(name, n.method, [a.t for a in n.args])
-        args = "".join(f", {self.value(a, scope, silent=True)}" for a in n.args)
+        count = len(n.args)
+        args = "".join(
+            f", {self.g(a, scope)}"  # null is a value where the parameter is dyn (optional.of(x.unset))
+            if a.t.nullable and any(ov.kinds(count)[i] == "dyn" for ov in found)
+            else f", {self.value(a, scope, silent=True)}"
+            for i, a in enumerate(n.args)
+        )
         if exact:
             fn = self.const(found[0].impl)
             if self.exact:

@@ -134,12 +134,12 @@ def gen(g: Gen, n: Node, scope: dict[str, str]) -> str | None:
             return f"[{body} for {var} in {rng}{where}]"
         if macro == "transformMap":
             return f"{{{var}[0]: {body} for {var} in {rng}{where}}}"
-        return f"_mkmap([_e for {var} in {rng}{where} for _e in {body}.items()]{pos})"
-    if op == "bind":
+        return f"_mkmap([_e for {var} in {rng}{where} for _e in _entries({body}{pos})]{pos})"
+    if op == "bind":  # the value is computed on first use: an unused failing value is no error
         var = f"_b{g.counter}"
         g.counter += 1
-        body = g.g(n.args[1], {**scope, n.value: var})
-        return f"(lambda {var}: {body})({g.g(n.args[0], scope)})"
+        body = g.g(n.args[1], {**scope, n.value: f"{var}()"})
+        return f"(lambda {var}: {body})(_Lazy(lambda: {g.g(n.args[0], scope)}))"
     if op in ("comp:optMap", "comp:optFlatMap"):
         var = f"_o{g.counter}"
         g.counter += 1

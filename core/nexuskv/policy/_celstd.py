@@ -182,16 +182,18 @@ FUNCTIONS: dict[str, list[Overload]] = {
         ("ceil", ext.ceil), ("floor", ext.floor), ("round", ext.round_), ("trunc", ext.trunc))},
     **{f"math.{name}": _F((False, ("double",), BOOL, fn)) for name, fn in (
         ("isNaN", ext.is_nan), ("isInf", ext.is_inf), ("isFinite", ext.is_finite))},
-    "math.abs": _F(*((False, (k,), CelType(k), ext.abs_) for k in ("int", "uint", "double"))),
-    "math.sign": _F(*((False, (k,), CelType(k), ext.sign) for k in ("int", "uint", "double"))),
+    "math.abs": _F((False, ("int",), INT, ext.abs_), (False, ("uint",), UINT, ext.unsigned(ext.abs_)),
+                   (False, ("double",), DOUBLE, ext.abs_)),
+    "math.sign": _F((False, ("int",), INT, ext.sign), (False, ("uint",), UINT, ext.unsigned(ext.sign)),
+                    (False, ("double",), DOUBLE, ext.sign)),
     "math.sqrt": _F((False, ("num",), DOUBLE, ext.sqrt)),
-    **{f"math.{name}": _F((False, ("int", "int"), INT, fn), (False, ("uint", "uint"), UINT, fn))
+    **{f"math.{name}": _F((False, ("int", "int"), INT, fn), (False, ("uint", "uint"), UINT, ext.unsigned(fn)))
        for name, fn in (("bitAnd", ext.bit_and), ("bitOr", ext.bit_or), ("bitXor", ext.bit_xor))},
-    "math.bitNot": _F((False, ("int",), INT, ext.bit_not), (False, ("uint",), UINT, ext.bit_not)),
+    "math.bitNot": _F((False, ("int",), INT, ext.bit_not), (False, ("uint",), UINT, ext.unsigned(ext.bit_not))),
     "math.bitShiftLeft": _F((False, ("int", "int"), INT, ext.shift_left), (False, ("uint", "int"), UINT,
-                            ext.shift_left)),
+                            ext.unsigned(ext.shift_left))),
     "math.bitShiftRight": _F((False, ("int", "int"), INT, ext.shift_right), (False, ("uint", "int"), UINT,
-                             ext.shift_right)),
+                             ext.unsigned(ext.shift_right))),
     # encoders extension
     "base64.encode": _F((False, ("bytes",), STRING, ext.base64_encode)),
     "base64.decode": _F((False, ("string",), BYTES, ext.base64_decode)),

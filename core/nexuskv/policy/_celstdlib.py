@@ -36,7 +36,7 @@ from nexuskv.policy._celvalues import NONE, OptionalValue, TypeValue
 __all__ = [
     "bool_of_string", "bytes_of_string", "double_of_string", "duration", "duration_part", "has_value",
     "identity", "int_of_double", "opt_entry", "opt_flat_map", "opt_has", "opt_index", "opt_items", "opt_map",
-    "opt_select", "pairs", "int_of_string", "int_of_timestamp", "int_of_uint", "opt_or", "opt_value",
+    "opt_select", "pairs", "Lazy", "entries", "int_of_string", "int_of_timestamp", "int_of_uint", "opt_or", "opt_value",
     "optional_none", "optional_of", "optional_of_non_zero", "or_value", "string_of", "time_part", "timestamp",
     "timestamp_of_int", "type_value", "uint_of_double", "uint_of_int", "uint_of_string",
 ]  # fmt: skip
@@ -277,6 +277,33 @@ def opt_flat_map(o: Any, f: Callable[[Any], Any], pos: int = -1) -> OptionalValu
     if not isinstance(r, OptionalValue):
         err(f"optFlatMap() expression must give an optional, got {type_name(r)}", pos)
     return r
+
+
+class Lazy:
+    """A value computed on first call and remembered (`cel.bind`); a failure is raised again on each call."""
+
+    __slots__ = ("_fn", "_value")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        """Wrap the computation."""
+        self._fn = fn
+        self._value: Any = _UNSET
+
+    def __call__(self) -> Any:
+        """The value."""
+        if self._value is _UNSET:
+            self._value = self._fn()
+        return self._value
+
+
+_UNSET = object()
+
+
+def entries(v: Any, pos: int = -1) -> Any:
+    """The (key, value) pairs of a map made by `transformMapEntry`'s expression."""
+    if not isinstance(v, Mapping):
+        err(f"transformMapEntry() expression must give a map, got {type_name(v)}", pos)
+    return v.items()
 
 
 def pairs(v: Any, pos: int = -1) -> Any:

@@ -3,8 +3,11 @@
 CEL's timestamps and durations count nanoseconds. A value whose nanoseconds are a whole number of
 microseconds is a plain `datetime` (aware, UTC) or `timedelta`, as policies and plugins pass them; a finer
 one is a `NanoTimestamp` / `NanoDuration`: the value floored to the microsecond plus `ns` (1..999) more
-nanoseconds, which compare, hash and print by their full value. `ts_ns` / `dur_ns` give any value as
-integer nanoseconds (since the epoch / in total), `make_ts` / `make_dur` build the right class back.
+nanoseconds, which compare, hash, print, pickle and copy by their full value and keep their nanoseconds
+through `+` and `-` with other timestamps and durations, except a plain `datetime + NanoDuration`, which
+Python's datetime computes (other operations, such as `replace` or `astimezone`, act on the microsecond
+part and give `ns == 0`). `ts_ns` / `dur_ns` give any value as integer nanoseconds (since the epoch / in
+total), `make_ts` / `make_dur` build the right class back.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ def _td_us(d: _dt.timedelta) -> int:
 
 def ts_ns(t: _dt.datetime) -> int:
     """A timestamp as nanoseconds since the Unix epoch."""
-    return _td_us(t - EPOCH) * 1000 + getattr(t, "ns", 0)
+    return _td_us(_dt.datetime.__sub__(t, EPOCH)) * 1000 + getattr(t, "ns", 0)  # the plain (microsecond) part
 
 
 def dur_ns(d: _dt.timedelta) -> int:
@@ -79,14 +82,16 @@ class _Nanos:
         return self._cmp(other, int.__ge__)
 
     def __hash__(self) -> int:
-        """Hash of the nanosecond value (never equal to a plain value, whose ns part is 0)."""
+        """The plain value's hash when ns is 0 (then the two are equal), else the hash of the nanoseconds."""
+        if not getattr(self, "ns", 0):
+            return _dt.datetime.__hash__(self) if isinstance(self, _dt.datetime) else _dt.timedelta.__hash__(self)
         return hash(self._key())
 
 
 class NanoTimestamp(_Nanos, _dt.datetime):
     """A UTC timestamp with nanoseconds: the datetime floored to the microsecond, plus `ns` nanoseconds."""
 
-    __slots__ = ("ns",)
+    ns = 0
 
     def _key(self) -> int:
         return ts_ns(self)
@@ -95,11 +100,37 @@ class NanoTimestamp(_Nanos, _dt.datetime):
         """The datetime's repr with the extra nanoseconds."""
         return f"{_dt.datetime.__repr__(self)[:-1]}, ns={self.ns})"
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickle and copy by the full value."""
+        return make_ts, (ts_ns(self),)
+
+    def __add__(self, other: Any) -> Any:
+        """Timestamp + duration, to the nanosecond."""
+        if isinstance(other, _dt.timedelta):
+            return make_ts(ts_ns(self) + dur_ns(other))
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> Any:
+        """Timestamp - timestamp (a duration) or - duration (a timestamp), to the nanosecond."""
+        if isinstance(other, _dt.datetime):
+            return make_dur(ts_ns(self) - ts_ns(other))
+        if isinstance(other, _dt.timedelta):
+            return make_ts(ts_ns(self) - dur_ns(other))
+        return NotImplemented
+
+    def __rsub__(self, other: Any) -> Any:
+        """Plain timestamp - this one."""
+        if isinstance(other, _dt.datetime):
+            return make_dur(ts_ns(other) - ts_ns(self))
+        return NotImplemented
+
 
 class NanoDuration(_Nanos, _dt.timedelta):
     """A duration with nanoseconds: the timedelta floored to the microsecond, plus `ns` nanoseconds."""
 
-    __slots__ = ("ns",)
+    ns = 0
 
     def _key(self) -> int:
         return dur_ns(self)
@@ -107,6 +138,38 @@ class NanoDuration(_Nanos, _dt.timedelta):
     def __repr__(self) -> str:
         """The timedelta's repr with the extra nanoseconds."""
         return f"{_dt.timedelta.__repr__(self)[:-1]}, ns={self.ns})"
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickle and copy by the full value."""
+        return make_dur, (dur_ns(self),)
+
+    def __add__(self, other: Any) -> Any:
+        """Duration + duration (or + timestamp), to the nanosecond."""
+        if isinstance(other, _dt.datetime):
+            return make_ts(ts_ns(other) + dur_ns(self))
+        if isinstance(other, _dt.timedelta):
+            return make_dur(dur_ns(self) + dur_ns(other))
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> Any:
+        """Duration - duration, to the nanosecond."""
+        if isinstance(other, _dt.timedelta):
+            return make_dur(dur_ns(self) - dur_ns(other))
+        return NotImplemented
+
+    def __rsub__(self, other: Any) -> Any:
+        """Timestamp or plain duration - this one."""
+        if isinstance(other, _dt.datetime):
+            return make_ts(ts_ns(other) - dur_ns(self))
+        if isinstance(other, _dt.timedelta):
+            return make_dur(dur_ns(other) - dur_ns(self))
+        return NotImplemented
+
+    def __neg__(self) -> _dt.timedelta:
+        """-duration, to the nanosecond."""
+        return make_dur(-dur_ns(self))
 
 
 def make_ts(ns: int) -> _dt.datetime:
