@@ -224,11 +224,13 @@ def test_generic_plugin_functions():
 
 # --------------------------------------------------------------------------------------------- differential
 
-_LEAVES = ["i", "u", "d", "s", "1", "2u", "2.5", "'x'", "true", "null", "li", "m", "dyn(i)", "dyn(u)", "[1, 'a']",
-           "optional.of(1)", "optional.none()", "m.?k", "li[?5]"]  # fmt: skip
+_LEAVES = ["i", "u", "d", "s", "1", "2u", "2.5", "'x'", "true", "null", "li", "lu", "m", "dyn(i)", "dyn(u)",
+           "[1, 'a']", "{1: 2, 'k': true}", "dyn(true)", "optional.of(1)", "optional.none()", "m.?k", "li[?5]",
+           "timestamp('2024-01-01T00:00:00.000000001Z')", "duration('1ns')"]  # fmt: skip
 _UNARY = ["dyn({})", "type({})", "string({})", "int({})", "double({})", "size({})", "{}.hasValue()",
           "{}.orValue(0)", "math.greatest({}, 1)", "[{}, 1][0]", "{{'k': {}}}.k", "!{}", "-{}",
-          "{}.transformList(k, v, v)", "{}.exists(k, v, v == 1)", "cel.bind(z, {}, z)"]  # fmt: skip
+          "{}.transformList(k, v, v)", "{}.exists(k, v, v == 1)", "cel.bind(z, {}, z)", "{}[true]", "{}[1]",
+          "cel.bind(z, {}, true)", "math.bitNot({})"]  # fmt: skip
 _BINARY = ["{} + {}", "{} - {}", "{} * {}", "{} / {}", "{} % {}", "{} == {}", "{} < {}", "{} in {}",
            "{} && {}", "{} || {}", "{} ? 1 : 2"]  # fmt: skip
 
