@@ -43,6 +43,7 @@ from nexuskv.policy import (
     type_param,
 )
 from nexuskv.policy._celtime import dur_ns, make_dur, make_ts, ts_ns
+from nexuskv.policy._celvalues import MixedKeyMap
 
 ENV = Env({
     "i": INT, "u": UINT, "s": STRING, "d": DYN, "li": list_of(INT, 16), "lu": list_of(UINT, 16),
@@ -380,3 +381,15 @@ def test_nanosecond_values_copy_pickle_and_hash_by_their_full_value():
     assert u == plain and len({u, plain}) == 1
     assert ts_ns(t + dt.timedelta(seconds=1)) == ts_ns(t) + 10**9 and dur_ns(-d) == -1
     assert dur_ns(dt.timedelta(0) - d) == -1 and dur_ns(t - t) == 0
+
+
+def test_maps_hold_true_and_one_as_different_keys():
+    assert ev("{1: 'a', true: 'b'}[true] + {1: 'a', true: 'b'}[1]") == "ba"
+    assert ev("{1: 'a', true: 'b'}.size()") == 2 and ev("{0: 1, false: 2}[false]") == 2
+    assert ev("{1: 'a', true: 'b'} == {true: 'b', 1: 'a'}") is True
+    assert ev("{1: 'a', true: 'b'}.map(k, k)") == [1, True]
+    assert ev("'%s'.format([{1: 'a', true: 'b'}])") == "{1: a, true: b}"
+    fails("{1: 'a', true: 'b', true: 'c'}", "duplicate map key")
+    fails("{1: 'a', 1u: 'b'}", "duplicate map key")  # 1 and 1u are equal in CEL
+    m = ev("{1: 'a', true: 'b'}")
+    assert isinstance(m, MixedKeyMap) and m[True] == "b" and m[1] == "a" and m.items() == [(1, "a"), (True, "b")]

@@ -27,9 +27,7 @@ from nexuskv.policy.types import DYN, INT, STRING, UINT, list_of, map_of, option
 
 SUITE = Path(__file__).parent / "data" / "cel-spec"
 
-KNOWN_FAILURES: dict[str, str] = {
-    "string_ext/format/map support (all key types)": "maps are Python dicts: `true` and `1` are the same key",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 """Applicable cases that do not pass, with why (each is counted against the pass fraction)."""
 
 

@@ -43,6 +43,7 @@ from nexuskv.policy._celrt import (
     usub,
 )
 from nexuskv.policy._celstdlib import opt_index, opt_select
+from nexuskv.policy._celvalues import MixedKeyMap
 
 # --------------------------------------------------------------------------------------------- containers
 
@@ -75,14 +76,20 @@ def sel(obj: Any, name: str, pos: int = -1) -> Any:
 
 
 def mkmap(items: Iterable[tuple[Any, Any]], pos: int = -1) -> dict[Any, Any]:
-    """Map literal; duplicate keys are an error."""
+    """Map literal; duplicate keys are an error (`true` and `1` are different keys: see `MixedKeyMap`)."""
     out: dict[Any, Any] = {}
-    for k, v in items:
+    pairs = list(items)
+    for k, v in pairs:
         if k is None:
             err("map keys must not be null", pos)
         if isinstance(k, float):
             err("map keys must be int, uint, bool or string", pos)
         if k in out:
+            if any(key == k and isinstance(key, bool) != isinstance(k, bool) for key in out):
+                try:
+                    return MixedKeyMap.of(pairs)
+                except KeyError as exc:
+                    err(f"duplicate map key {exc.args[0]!r}", pos)
             err(f"duplicate map key {k!r}", pos)
         out[k] = v
     return out

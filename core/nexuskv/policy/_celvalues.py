@@ -1,4 +1,6 @@
-"""Run-time values CEL has and Python lacks: `Uint`, `TypeValue` (a type used as a value) and `OptionalValue`.
+"""Run-time values CEL has and Python lacks: `Uint`, `TypeValue`, `OptionalValue`, `MixedKeyMap`.
+
+`TypeValue` is a type used as a value; `MixedKeyMap` a map with both `true` and `1` as keys.
 
 `as_uint` / `uint_deep` tag the uints of a value whose static type says uint (activation values may be plain
 ints), following the shape `uint_shape` derives from the type.
@@ -13,7 +15,7 @@ import attrs
 
 from nexuskv.policy.types import CelType
 
-__all__ = ["NONE", "OptionalValue", "TypeValue", "Uint", "as_uint", "uint_deep", "uint_shape"]
+__all__ = ["NONE", "MixedKeyMap", "OptionalValue", "TypeValue", "Uint", "as_uint", "uint_deep", "uint_shape"]
 
 
 class Uint(int):
@@ -94,3 +96,73 @@ def uint_shape(t: CelType) -> Any:
         k, v = uint_shape(t.key), uint_shape(t.elem)
         return None if k is None and v is None else ("m", k, v)
     return None
+
+
+class _BoolKey:
+    """A bool as a key of a `MixedKeyMap`: never equal to 0 or 1."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _BoolKey) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return hash((_BoolKey, self.value))
+
+
+def _wrap(k: Any) -> Any:
+    return _BoolKey(k) if isinstance(k, bool) else k
+
+
+def _unwrap(k: Any) -> Any:
+    return k.value if isinstance(k, _BoolKey) else k
+
+
+class MixedKeyMap(dict):  # type: ignore[type-arg]
+    """A CEL map with a bool key beside a number Python deems equal (`{1: 'a', true: 'b'}`).
+
+    Python's dict makes `true` and `1` one key; CEL does not. Bool keys are stored wrapped; lookups, iteration,
+    `keys()` and `items()` see the plain values. Only map literals that need it are built as one.
+    """
+
+    def __getitem__(self, k: Any) -> Any:
+        """The value at CEL key `k`."""
+        return dict.__getitem__(self, _wrap(k))
+
+    def __contains__(self, k: object) -> bool:
+        """Whether CEL key `k` is present."""
+        return dict.__contains__(self, _wrap(k))
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        """The value at `k`, or `default`."""
+        return dict.get(self, _wrap(k), default)
+
+    def __iter__(self) -> Any:
+        """The keys, plain."""
+        return (_unwrap(k) for k in dict.__iter__(self))
+
+    def keys(self) -> Any:
+        """The keys, plain."""
+        return [_unwrap(k) for k in dict.keys(self)]
+
+    def items(self) -> Any:
+        """(key, value) pairs, keys plain."""
+        return [(_unwrap(k), v) for k, v in dict.items(self)]
+
+    def __repr__(self) -> str:
+        """Like a dict's."""
+        return "{" + ", ".join(f"{k!r}: {v!r}" for k, v in self.items()) + "}"
+
+    @classmethod
+    def of(cls, items: Any) -> MixedKeyMap:
+        """A map of (key, value) pairs; a repeated key raises KeyError."""
+        out = cls()
+        for k, v in items:
+            w = _wrap(k)
+            if dict.__contains__(out, w):
+                raise KeyError(k)
+            dict.__setitem__(out, w, v)
+        return out
