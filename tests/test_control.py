@@ -102,3 +102,37 @@ def test_a_lease_not_renewed_in_time_is_not_ok(monkeypatch):
         assert not m.ok() and m.problem == "lease not renewed"
     finally:
         m.close()
+
+
+def test_a_whole_ttl_without_renewal_rejoins_even_if_the_old_lease_still_renews(monkeypatch):
+    plane = EmbeddedControlPlane()
+    m = Membership(plane, "n1", lease_ttl_s=60.0)
+    try:
+        m.stop()
+        first, lease = m.epoch, m.lease
+        m._tick()  # renewed in time: same lease, same token
+        assert (m.epoch, m.lease) == (first, lease)
+        monkeypatch.setattr(m, "_seen", time.monotonic() - 61.0)  # the plane was away, or we were frozen
+        assert plane.alive(lease.lease_id)
+        m._tick()
+        assert m.epoch > first and m.lease != lease and m.ok()
+        assert not plane.alive(lease.lease_id)  # the old lease was given up
+        assert plane.members() == {"n1": m.epoch}
+    finally:
+        m.close()
+
+
+def test_a_blip_shorter_than_the_lease_keeps_the_token():
+    plane = FlakyPlane()
+    m = Membership(plane, "n1", lease_ttl_s=60.0)
+    try:
+        m.stop()
+        first = m.epoch
+        plane.down = True
+        m._tick()
+        assert not m.ok() and "connection refused" in m.problem
+        plane.down = False
+        m._tick()
+        assert m.ok() and m.epoch == first
+    finally:
+        m.close()

@@ -2,7 +2,8 @@
 
 The heartbeat thread keeps the lease alive off the hot path; `plan` only reads `ok()`. When the control plane
 does not answer (at start or later), the node keeps running and its plans fall back to recompute until the
-lease is renewed; a renewed lease after a lost one joins again, and the epoch it gets is a new fencing token.
+lease is renewed; after a lost lease, or a whole TTL without a renewal, it joins again, and the epoch it gets
+is a new fencing token.
 """
 
 from __future__ import annotations
@@ -49,14 +50,28 @@ class Membership:
     def _beat(self) -> None:
         every = max(0.05, self.lease_ttl_s / 3)
         while not self._stop.wait(every):
-            try:
-                if self.lease is None or not self.plane.keepalive(self.lease.lease_id):
-                    self._join()  # a new lease, and with it a new fencing token
-                self._seen = time.monotonic()
-                self._error = ""
-            except Exception as exc:
-                self._error = f"{type(exc).__name__}: {exc}"
-                log.warning("control plane heartbeat failed", error=self._error)
+            self._tick()
+
+    def _tick(self) -> None:
+        """One heartbeat: renew the lease, or join again with a new lease and a new fencing epoch.
+
+        A node that could not renew its lease for a whole TTL (the plane was down, or this process was frozen)
+        cannot know whether its lease expired somewhere, so it joins again even when the old lease still
+        renews (a restarted etcd extends every lease): its later writes carry a token above the old one.
+        """
+        try:
+            lapsed = time.monotonic() - self._seen >= self.lease_ttl_s
+            if self.lease is None or lapsed or not self.plane.keepalive(self.lease.lease_id):
+                if lapsed and self.lease is not None:
+                    with contextlib.suppress(Exception):
+                        self.plane.revoke(self.lease.lease_id)
+                self._join()  # a new lease, and with it a new fencing token
+                log.info("joined the control plane", node=self.node, epoch=self.epoch)
+            self._seen = time.monotonic()
+            self._error = ""
+        except Exception as exc:
+            self._error = f"{type(exc).__name__}: {exc}"
+            log.warning("control plane heartbeat failed", error=self._error)
 
     def ok(self) -> bool:
         """True while the lease is known to be alive (last heartbeat within the lease TTL, no error since)."""
