@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from nexuskv.interfaces import ControlPlane, Lease
 from nexuskv.logs import get_logger
@@ -23,8 +25,11 @@ log = get_logger(__name__)
 class Membership:
     """One node's lease and epoch in a control plane, kept alive by a heartbeat thread."""
 
-    def __init__(self, plane: ControlPlane, node: str, lease_ttl_s: float) -> None:
+    def __init__(self, plane: ControlPlane, node: str, lease_ttl_s: float,
+                 status: Callable[[], Mapping[str, Any]] | None = None) -> None:  # fmt: skip
+        """Join `plane` as `node`; with `status`, every heartbeat also publishes it (planes with `publish`)."""
         self.plane = plane
+        self._status = status
         self.node = node
         self.lease_ttl_s = lease_ttl_s
         self.epoch = 0
@@ -69,6 +74,9 @@ class Membership:
                 log.info("joined the control plane", node=self.node, epoch=self.epoch)
             self._seen = time.monotonic()
             self._error = ""
+            publish = getattr(self.plane, "publish", None)
+            if self._status is not None and publish is not None and self.lease is not None:
+                publish(self.node, self.lease.lease_id, self._status())  # what this node measures, for the others
         except Exception as exc:
             self._error = f"{type(exc).__name__}: {exc}"
             log.warning("control plane heartbeat failed", error=self._error)

@@ -15,6 +15,7 @@ from attrs import define
 
 from nexuskv.contracts import Calibration, CodecCost, CostProfile, LinkCost, PrefillCost, from_dict
 from nexuskv.errors import ContractError
+from nexuskv.links import LinkEstimates
 
 __all__ = ["CostModel", "Terms", "default_profile", "gain", "load_profile"]
 
@@ -89,10 +90,15 @@ class Terms:
 
 
 class CostModel:
-    """Predictions from one profile; `inflight` bytes per link (tier or transport name) model contention."""
+    """Predictions from one profile; `inflight` bytes per link (tier or transport name) model contention.
 
-    def __init__(self, profile: CostProfile | None = None) -> None:
+    With `links`, a link measured often enough is priced by its measured latency and bandwidth instead of the
+    profile's (`nexuskv.links`).
+    """
+
+    def __init__(self, profile: CostProfile | None = None, links: LinkEstimates | None = None) -> None:
         self.profile = profile or default_profile()
+        self.links = links
         p = self.profile.prefill
         self._base, self._a, self._b = p.base_ms, p.per_token_ms, p.per_token_sq_ms
         self.bytes_per_token = self.profile.bytes_per_token
@@ -123,7 +129,7 @@ class CostModel:
 
         Bytes already in flight on a link are drained first (a FIFO queue: tier devices and links serve requests in
         order, and under sustained load a fair share is no better for the newcomer); `bandwidth_scale` multiplies a
-        link's bandwidth (a congested or degraded link < 1).
+        link's bandwidth (a congested or degraded link < 1; a fault-injection knob once links are measured).
         """
         if nbytes <= 0:
             return 0.0
@@ -132,9 +138,14 @@ class CostModel:
         total = 0.0
         for name in (tier, transport) if transport and transport != "local" else (tier,):
             cost = self.link(name)
-            bw = cost.bandwidth_bytes_per_s * (bandwidth_scale.get(name, 1.0) if bandwidth_scale else 1.0)
+            measured = self.links.get(name) if self.links is not None else None
+            latency, bandwidth = (
+                (measured.latency_ms, measured.bandwidth_bytes_per_s) if measured is not None
+                else (cost.latency_ms, cost.bandwidth_bytes_per_s)
+            )  # fmt: skip
+            bw = bandwidth * (bandwidth_scale.get(name, 1.0) if bandwidth_scale else 1.0)
             busy = inflight.get(name, 0.0) if inflight else 0.0
-            total += cost.latency_ms + (stored + busy) / bw * 1e3
+            total += latency + (stored + busy) / bw * 1e3
         if c is not None and codec != "raw":
             total += nbytes / c.decode_bytes_per_s * 1e3
         return total

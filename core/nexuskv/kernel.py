@@ -18,7 +18,7 @@ from typing import Any
 from nexuskv.config import KernelConfig, plugin_env
 from nexuskv.contracts import Plan, Request, StateDescriptor, TensorSpec
 from nexuskv.control import Membership
-from nexuskv.cost import CostModel, load_profile
+from nexuskv.cost import CostModel, default_profile, load_profile
 from nexuskv.decisions import DecisionLog
 from nexuskv.health import Health
 from nexuskv.hierarchy import Hierarchy
@@ -26,6 +26,7 @@ from nexuskv.identity import BlockKeyer, KeyChain, PlanSeal, load_secret
 from nexuskv.index import Match, Matcher
 from nexuskv.interfaces import ControlPlane, Lease, StoredState, TierStore, Transport
 from nexuskv.keying import Keys
+from nexuskv.links import link_estimates
 from nexuskv.loadpath import LoadPath, LoadReport, Materialized
 from nexuskv.logs import configure_logging, get_logger
 from nexuskv.planner import Planner
@@ -60,8 +61,12 @@ class Kernel:
         self.keyer: BlockKeyer = self.plugins.keyer(secret, cfg.page_size, cfg.keyer)
         self.plan_seal = PlanSeal(secret)
         self.index: Matcher = self.plugins.matcher(cfg.matcher)
-        self.membership = Membership(self.plugins.control_plane(cfg.control_plane), self.node, cfg.lease_ttl_s)
-        self.cost = CostModel(load_profile(cfg.profile) if cfg.profile else None)
+        profile = load_profile(cfg.profile) if cfg.profile else default_profile()
+        self.links = link_estimates(cfg.links, profile)
+        status = (lambda: {"links": dict(self.links.snapshot())}) if self.links is not None else None
+        self.membership = Membership(self.plugins.control_plane(cfg.control_plane), self.node, cfg.lease_ttl_s,
+                                     status=status)  # fmt: skip
+        self.cost = CostModel(profile, links=self.links)
         self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s)
         self.hierarchy = Hierarchy(cfg, (self.plugins.tier_stores(), self.plugins.transports()), self.index,
                                    self.cost, self.health, self.membership)  # fmt: skip

@@ -9,6 +9,7 @@ breakers and quarantines what they found corrupt. State read from a slower tier 
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Sequence
 
 from attrs import define
@@ -144,11 +145,16 @@ class LoadPath:
     def _load_many(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], tier: str,
                    transport: str) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
         got: _States = {}
+        started, nbytes = time.perf_counter(), 0
         for b, g in jobs:
             st = self.hierarchy.load(keys[b], g, tier=tier, transport=transport)
             if st is None:
                 return got, (b, f"block {b} group {g} missing or corrupt in {tier}")
             got[(b, g)] = st
+            nbytes += len(st.payload)
+        links = self.hierarchy.cost.links
+        if links is not None and jobs:  # a whole span, as the planner prices it: one sample of its link
+            links.observe(tier if transport == "local" else transport, nbytes, time.perf_counter() - started)
         return got, None
 
     def _partial(self, plan: Plan, states: _States, first_bad: int, page: int, reason: str) -> Materialized:

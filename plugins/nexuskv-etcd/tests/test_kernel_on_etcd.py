@@ -76,3 +76,23 @@ def test_unknown_settings_are_refused_and_said(etcd_server):
     with pytest.raises(Exception, match="no plugin answered nexuskv_control_plane"):
         Kernel(KernelConfig(node="n1", control_plane=settings), secret=SECRET)
     assert nexuskv_control_plane({"name": "embedded"}) is None
+
+
+def test_a_kernel_publishes_what_it_measures(etcd_server, prefix):
+    cfg = KernelConfig(node="n1", lease_ttl_s=1.0, tiers={"dram": {"store": "dram", "capacity_bytes": "8MiB"}},
+                       links={"measure": True, "min_samples": 1}, promote_on_hit=False, prefetch_max_tasks=0,
+                       control_plane={"name": "etcd", "endpoint": etcd_server.endpoint, "prefix": prefix})  # fmt: skip
+    with Kernel(cfg, secret=SECRET) as k:
+        req = request()
+        keys = k.keys(req)
+        for b in range(len(keys)):
+            data = bytes([b]) * 4096
+            assert k.put(k.describe(req, b, data, tier="dram", keys=keys), data)
+        plan = k.plan(req)
+        assert plan.action == PlanAction.MATERIALIZE and k.materialize(plan, req).complete
+        other = EtcdControlPlane(etcd_server.endpoint, prefix=prefix)
+        try:
+            seen = other.view.wait_for(lambda v: v.status().get("n1", {}).get("links", {}).get("dram"), WAIT_S)
+            assert seen and other.view.status()["n1"]["links"]["dram"]["samples"] >= 1
+        finally:
+            other.close()
