@@ -136,3 +136,38 @@ def test_a_blip_shorter_than_the_lease_keeps_the_token():
         assert m.ok() and m.epoch == first
     finally:
         m.close()
+
+
+def test_a_failed_publish_is_not_a_lost_lease():
+    class PublishFails(EmbeddedControlPlane):
+        def publish(self, *args):
+            raise ValueError("status too large")
+
+    m = Membership(PublishFails(), "n1", lease_ttl_s=60.0, status=lambda: {"x": 1})
+    try:
+        m.stop()
+        m._tick()
+        assert m.ok()
+    finally:
+        m.close()
+
+
+def test_close_waits_for_a_beat_that_is_joining():
+    class SlowGrant(EmbeddedControlPlane):
+        slow = False
+
+        def grant(self, ttl_s):
+            if self.slow:
+                time.sleep(0.3)
+            return super().grant(ttl_s)
+
+        def close(self):  # keep the members readable after the node left
+            pass
+
+    plane = SlowGrant()
+    m = Membership(plane, "n1", lease_ttl_s=0.3)
+    plane.slow = True
+    plane.revoke(m.lease.lease_id)  # the next beat joins again, slowly
+    time.sleep(0.15)
+    m.close()
+    assert plane.members() == {}  # no ghost registered after leaving

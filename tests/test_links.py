@@ -25,7 +25,7 @@ def feed(est: LinkEstimator, latency_ms: float, bandwidth: float, n: int, rng: r
         est.observe(nbytes, true_ms * (1 + rng.uniform(-noise, noise)) / 1e3)
 
 
-@given(st.floats(0.01, 5.0), st.floats(1e7, 2e10))
+@given(st.floats(0.01, 5.0), st.floats(1e7, 1e10))  # up to the cap: 10x the profile's bandwidth
 @settings(max_examples=40, deadline=None)
 def test_it_converges_to_the_true_link(latency_ms, bandwidth):
     est = LinkEstimator(PRIOR, decay=0.9)
@@ -41,10 +41,22 @@ def test_one_stall_moves_it_little_a_lasting_change_moves_it_soon():
     est = LinkEstimator(PRIOR)
     feed(est, 0.1, 1e9, 60, rng)
     before = est.estimate.transfer_ms(1 << 20)
-    est.observe(1 << 20, 2.0)  # one 2-second stall
+    est.observe(1 << 20, 2.0)  # one 2-second stall, and another (one GC pause hits concurrent spans)
+    est.observe(1 << 18, 2.0)
     assert est.estimate.transfer_ms(1 << 20) < before * 2
     feed(est, 0.1, 1e8, 40, rng)  # the link really got 10x slower
     assert est.estimate.transfer_ms(1 << 20) == pytest.approx(0.1 + (1 << 20) / 1e8 * 1e3, rel=0.15)
+
+
+def test_a_flat_line_never_prices_large_transfers_as_free():
+    est = LinkEstimator(LinkCost(bandwidth_bytes_per_s=1.5e9, latency_ms=0.1))
+    for _ in range(50):  # one size only, slower than the profile: the fitted slope would fall
+        est.observe(65536, (1.0 + 65536 / 100e6 * 1e3) / 1e3)
+    assert est.estimate.bandwidth_bytes_per_s <= 1.5e10
+    assert est.estimate.transfer_ms(64 << 20) > 64 * 2**20 / 1.5e10 * 1e3
+    est.observe(65536, float("inf"))  # a broken measurement is ignored
+    est.observe(65536, float("nan"))
+    assert est.estimate.latency_ms == est.estimate.latency_ms and est.estimate.samples == 50
 
 
 def test_one_size_alone_still_gives_a_usable_line():

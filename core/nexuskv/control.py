@@ -39,6 +39,7 @@ class Membership:
         self._lock = threading.Lock()  # the heartbeat and close() both change lease and epoch
         try:
             self._join()
+            self._seen = time.monotonic()  # renewed now, not when we started asking
         except Exception as exc:  # fail open: plans recompute until the control plane answers
             self._error = f"{type(exc).__name__}: {exc}"
             log.error("control plane unavailable at start", error=self._error)
@@ -74,9 +75,7 @@ class Membership:
                 log.info("joined the control plane", node=self.node, epoch=self.epoch)
             self._seen = time.monotonic()
             self._error = ""
-            publish = getattr(self.plane, "publish", None)
-            if self._status is not None and publish is not None and self.lease is not None:
-                publish(self.node, self.lease.lease_id, self._status())  # what this node measures, for the others
+            self._publish()
         except Exception as exc:
             self._error = f"{type(exc).__name__}: {exc}"
             log.warning("control plane heartbeat failed", error=self._error)
@@ -90,9 +89,25 @@ class Membership:
         """Why `ok()` is False: the last error, or that the lease was not renewed in time."""
         return self._error or "lease not renewed"
 
+    def _publish(self) -> None:
+        """Publish this node's status (what it measures, for the others); a failure here is not a lost lease."""
+        publish = getattr(self.plane, "publish", None)
+        if self._status is None or publish is None or self.lease is None:
+            return
+        try:
+            publish(self.node, self.lease.lease_id, self._status())
+        except Exception as exc:
+            log.warning("publishing the node status failed", error=f"{type(exc).__name__}: {exc}")
+
     def stop(self) -> None:
-        """Stop the heartbeat (the lease lapses by itself unless `close` revokes it)."""
+        """Stop the heartbeat and wait for a beat in progress (the lease lapses by itself unless `close` revokes it).
+
+        Waiting matters: a beat that is joining when we leave would otherwise register the node again after
+        `close` revoked its lease.
+        """
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, self.lease_ttl_s))
 
     def close(self) -> None:
         """Stop the heartbeat, revoke the lease and close the control plane (errors are ignored: we are leaving)."""

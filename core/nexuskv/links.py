@@ -6,9 +6,10 @@ most, about the last `1 / (1 - decay)` count), started from the cost profile's f
 (at 0 bytes and 1 MiB) that fade like any sample, down to a floor of one millionth so that one payload size
 alone still gives a line (through the measured point, sloped like the profile). Outlier guard: once a link has
 samples, a sample further than `guard` times the running mean absolute residual from the current line is
-clipped to that distance before it counts, unless the sample before it was such an outlier in the same
-direction: a single stall moves the estimate a little; a lasting change, confirmed by its second sample, counts
-in full and makes the samples from before it fade at once. `LinkEstimates.get` answers only after
+clipped to that distance before it counts, unless the two samples before it were such outliers in the same
+direction: one or two stalls move the estimate a little; a lasting change, confirmed by its third sample, counts
+in full and makes the samples from before it fade at once. The bandwidth is capped at 10x the profile's (a flat
+fitted line must not price large transfers as free). `LinkEstimates.get` answers only after
 `min_samples` samples, and forgets an estimate no sample refreshed for `max_age_s`: the profile prices the
 link then, so a link judged too slow to load from is tried again (and measured again) once its estimate is
 that old. Updates and reads are safe from many threads: each link has a lock, and readers take an immutable
@@ -30,6 +31,7 @@ from nexuskv.errors import ConfigError
 __all__ = ["LinkEstimate", "LinkEstimates", "LinkEstimator", "link_estimates"]
 
 _X1 = float(1 << 20)  # the size of the profile's second pseudo-sample (1 MiB)
+_CONFIRM = 3  # consecutive outliers the same way that make a change, not a stall
 
 
 @frozen
@@ -55,6 +57,7 @@ class LinkEstimator:
         y0 = prior.latency_ms
         y1 = prior.latency_ms + _X1 / prior.bandwidth_bytes_per_s * 1e3
         self._prior_weight = prior_weight
+        self._min_slope = 1e3 / prior.bandwidth_bytes_per_s / 10  # ms per byte: at most 10x the profile's bandwidth
         self._prior = (2.0, _X1, _X1 * _X1, y0 + y1, _X1 * y1)  # the sums of the two pseudo-samples, weight 1
         self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # decayed sums of w, w x, w x^2, w y, w x y
         self._scale = 0.0  # running mean absolute residual (ms)
@@ -68,13 +71,17 @@ class LinkEstimator:
         s0, s1, s2, t0, t1 = (a + w * b for a, b in zip(self._sums, self._prior, strict=True))
         det = s0 * s2 - s1 * s1
         slope = (s0 * t1 - s1 * t0) / det if det > 0 else 0.0
-        slope = max(slope, 1e-15)  # ms per byte: bandwidth stays finite and positive
+        # A flat or falling line (one payload size, noise) would price large transfers as free: the bandwidth is
+        # capped at 10x the profile's, and the latency refitted to that slope.
+        slope = max(slope, self._min_slope)
         latency = max((t0 - slope * s1) / s0, 0.0)
         return LinkEstimate(latency, 1e3 / slope, samples)
 
     def observe(self, nbytes: float, seconds: float) -> LinkEstimate:
         """Add one measured transfer and return the new estimate."""
         x, y = float(nbytes), seconds * 1e3
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return self.estimate  # a broken measurement says nothing about the link
         with self._lock:
             current = self.estimate
             if current.samples:
@@ -83,11 +90,14 @@ class LinkEstimator:
                 residual = y - predicted
                 if abs(residual) <= limit:
                     self._strikes = 0
-                elif self._strikes and (residual > 0) == self._strike_up:
-                    self._strikes += 1  # a second outlier the same way: the link changed; count it in full and
-                    self._sums = [v * 0.1 for v in self._sums]  # let the samples from before the change fade now
+                elif self._strikes >= _CONFIRM - 1 and (residual > 0) == self._strike_up:
+                    self._strikes += 1  # outliers the same way, again and again: the link changed; count it in
+                    if self._strikes == _CONFIRM:  # full, and let the samples from before the change fade now
+                        self._sums = [v * 0.1 for v in self._sums]
                 else:
-                    self._strikes, self._strike_up = 1, residual > 0  # one outlier: a stall until confirmed
+                    same = self._strikes and (residual > 0) == self._strike_up
+                    self._strikes = self._strikes + 1 if same else 1
+                    self._strike_up = residual > 0  # a stall (or two: one GC pause hits concurrent spans)
                     residual = math.copysign(limit, residual)
                 y = predicted + residual
                 self._scale = self.decay * self._scale + (1 - self.decay) * abs(residual)

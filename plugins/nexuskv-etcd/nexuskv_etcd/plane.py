@@ -32,7 +32,7 @@ class EtcdControlPlane:
     """`nexuskv.interfaces.ControlPlane` on an etcd cluster (`endpoint` is `host:port` of its client URL)."""
 
     def __init__(self, endpoint: str = "127.0.0.1:2379", prefix: str = "nexuskv/", timeout_s: float = 1.0,
-                 watch: bool = True) -> None:  # fmt: skip
+                 watch: bool = True, watch_idle_s: float = 5.0) -> None:  # fmt: skip
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"etcd endpoint must be host:port, got {endpoint!r}")
@@ -41,8 +41,8 @@ class EtcdControlPlane:
         self.endpoint = endpoint
         self.prefix = prefix
         self._client = etcd3gw.client(host=host, port=int(port), timeout=timeout_s, api_path="/v3/")
-        self._lock = threading.Lock()  # one request at a time on the shared HTTP session
-        self.view = ClusterView(self._client, prefix) if watch else None
+        self._lock = threading.Lock()  # the plane's calls one at a time (the view's thread has its own pace)
+        self.view = ClusterView(self._client, prefix, idle_s=watch_idle_s) if watch else None
 
     def _post(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -92,7 +92,10 @@ class EtcdControlPlane:
             if "Not Found" in str(exc):
                 raise LookupError(f"lease {lease_id} is not alive") from None
             raise
-        return int(result["header"]["revision"])
+        epoch = int(result["header"]["revision"])
+        if self.view is not None:
+            self.view.note_member(node, epoch)
+        return epoch
 
     def publish(self, node: str, lease_id: int, status: Mapping[str, Any]) -> int:
         """Publish `node`'s status (backpressure, link estimates...) on its lease; returns the write's revision."""

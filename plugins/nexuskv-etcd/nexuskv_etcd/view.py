@@ -1,9 +1,10 @@
 """The cluster as one node sees it: members, their fencing epochs and published status, kept current by a watch.
 
 `ClusterView` lists `{prefix}members/` and `{prefix}status/` once, then follows etcd's watch stream from the
-revision after that list, so every join, lease expiry, revoke and status change arrives as an event. When the
-stream breaks (etcd down, restarted, compacted), the view keeps its last state, says it is stale, and lists
-again once etcd answers. Reading it never touches the network.
+revision after that list, so every join, lease expiry, revoke and status change arrives as an event. A stream
+that stays silent for `idle_s` is not trusted (etcd frozen, a connection dropped without a reset): the view
+lists again and opens a new watch. When the stream breaks (etcd down, restarted, compacted), the view keeps its
+last state, says it is not live, and lists again once etcd answers. Reading it never touches the network.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import requests
 from etcd3gw.utils import _decode, _encode, _increment_last_byte
 
 from nexuskv.logs import get_logger
@@ -28,10 +30,11 @@ log = get_logger(__name__)
 class ClusterView:
     """Members -> epoch and members -> status under a key prefix, watched from a background thread."""
 
-    def __init__(self, client: Any, prefix: str, retry_s: float = 0.2) -> None:
+    def __init__(self, client: Any, prefix: str, retry_s: float = 0.2, idle_s: float = 5.0) -> None:
         self._client = client
         self.prefix = prefix
         self.retry_s = retry_s
+        self.idle_s = idle_s
         self._members: dict[str, int] = {}
         self._status: dict[str, dict[str, Any]] = {}
         self.revision = 0
@@ -74,6 +77,7 @@ class ClusterView:
             try:
                 self._list()
                 self._follow()
+                continue  # the stream was idle for idle_s: list again and open a new watch, at once
             except Exception as exc:  # etcd down or the stream broke: keep the last view, list again later
                 if self._stop.is_set():
                     return
@@ -96,10 +100,9 @@ class ClusterView:
         revision, members = self._range("members/")
         _, status = self._range("status/")
         m = {_decode(kv["key"]).decode()[len(self.prefix) + 8 :]: int(kv["mod_revision"]) for kv in members}
-        s = {_decode(kv["key"]).decode()[len(self.prefix) + 7 :]: json.loads(_decode(kv.get("value", "")) or b"{}")
-             for kv in status}  # fmt: skip
-        with self._cond:
-            self._members, self._status, self.revision = m, s, max(self.revision, revision)
+        s = {_decode(kv["key"]).decode()[len(self.prefix) + 7 :]: _status_of(kv) for kv in status}
+        with self._cond:  # the listed revision is etcd's now (lower than before if etcd was rebuilt)
+            self._members, self._status, self.revision = m, s, revision
             self.synced, self.error = True, ""
             self._cond.notify_all()
 
@@ -107,9 +110,17 @@ class ClusterView:
         request = {"create_request": {"key": _encode(self.prefix), "range_end": _encode(_increment_last_byte(
             self.prefix)), "start_revision": self.revision + 1}}  # fmt: skip
         self._resp = self._client.session.post(self._client.get_url("/watch"), json=request, stream=True,
-                                               timeout=(self._client.timeout, None))  # fmt: skip
+                                               timeout=(self._client.timeout, self.idle_s))  # fmt: skip
         self._resp.raise_for_status()
-        for line in self._resp.iter_lines(chunk_size=None):
+        try:
+            self._read(self._resp)
+        except requests.exceptions.ConnectionError as exc:
+            if "timed out" in str(exc) or isinstance(exc.__context__, TimeoutError):
+                return  # silent for idle_s: the caller lists again
+            raise
+
+    def _read(self, resp: Any) -> None:
+        for line in resp.iter_lines(chunk_size=None):
             if self._stop.is_set():
                 return
             if not line.strip():
@@ -142,9 +153,15 @@ class ClusterView:
                     if deleted:
                         self._status.pop(node, None)
                     else:
-                        with contextlib.suppress(ValueError):
-                            self._status[node] = json.loads(_decode(kv.get("value", "")) or b"{}")
+                        self._status[node] = _status_of(kv)
             self.revision = max(self.revision, revision)
+            self._cond.notify_all()
+
+    def note_member(self, node: str, epoch: int) -> None:
+        """Record a join this process made (its write may reach the watch a moment later)."""
+        with self._cond:
+            if epoch > self._members.get(node, 0):
+                self._members[node] = epoch
             self._cond.notify_all()
 
     def stop(self) -> None:
@@ -158,9 +175,17 @@ class ClusterView:
                 sock.close()
             with contextlib.suppress(Exception):
                 resp.close()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=self.idle_s + 5)
 
     def __repr__(self) -> str:
         """Members and freshness."""
         return f"<ClusterView rev={self.revision} live={self.live} members={self.members()}>"
 
+
+def _status_of(kv: dict[str, Any]) -> dict[str, Any]:
+    """A status value as a dict ({} for one that is not a JSON object: a bad writer must not blind the view)."""
+    try:
+        value = json.loads(_decode(kv.get("value", "")) or b"{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

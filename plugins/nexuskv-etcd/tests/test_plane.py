@@ -122,3 +122,24 @@ def test_bad_endpoints_and_prefixes_are_refused():
         EtcdControlPlane("localhost", watch=False)
     with pytest.raises(ValueError, match="end with '/'"):
         EtcdControlPlane("127.0.0.1:2379", prefix="x", watch=False)
+
+
+def test_a_frozen_etcd_is_noticed_and_a_join_is_seen_at_once(own_etcd_server, prefix):
+    srv = own_etcd_server
+    a = EtcdControlPlane(srv.endpoint, prefix=prefix, timeout_s=0.3, watch_idle_s=0.5)
+    try:
+        e = a.join("a", a.grant(30).lease_id)
+        assert a.members() == {"a": e}  # its own join, before the watch brings it
+        assert a.view.wait_for(lambda v: v.live, WAIT_S)
+        srv.pause()  # SIGSTOP: connections hang instead of failing
+        try:
+            assert a.view.wait_for(lambda v: not v.live, WAIT_S)
+            assert a.members() == {"a": e}
+        finally:
+            srv.resume()
+        assert a.view.wait_for(lambda v: v.live, WAIT_S)
+        t0 = time.monotonic()
+        a.close()
+        assert time.monotonic() - t0 < WAIT_S
+    finally:
+        a.close()
