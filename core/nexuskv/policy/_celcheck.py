@@ -15,6 +15,7 @@ from nexuskv.policy import _celmacros as macros
 from nexuskv.policy import _celresolve as resolve
 from nexuskv.policy import _celstd as std
 from nexuskv.policy._celparse import CelTypeError, Node
+from nexuskv.policy._celrt import NUMERIC
 from nexuskv.policy._celtyperel import FREE, compat, nullable_eq, slen, sum_size
 from nexuskv.policy._celtyperel import join as _join
 from nexuskv.policy.types import (
@@ -36,7 +37,6 @@ from nexuskv.policy.types import (
 # --------------------------------------------------------------------------------------------- checker
 
 _ORDERED = {"int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration"}
-_NUMERIC = {"int", "uint", "double"}
 EQ_NATIVE = {"int", "uint", "double", "string", "bytes", "bool", "timestamp", "duration"}
 HASHABLE_IN = {"int", "uint", "string", "bytes", "bool", "timestamp", "duration"}
 CONVERSIONS: dict[str, set[str]] = {
@@ -202,7 +202,7 @@ class Checker:
             a, b = self.check(n.args[0], scope), self.check(n.args[1], scope)
             ok = (a.kind == b.kind and a.kind in _ORDERED) or (
                 "dyn" in (a.kind, b.kind) and {a.kind, b.kind} <= (_ORDERED | {"dyn"})
-            ) or {a.kind, b.kind} <= _NUMERIC  # numbers compare across int, uint and double
+            ) or {a.kind, b.kind} <= NUMERIC  # numbers compare across int, uint and double
             if not ok:
                 raise self.error(n, f"operator '{op}' is not defined for {a} and {b}")
             return BOOL
@@ -232,17 +232,16 @@ class Checker:
         op = n.op
         a, b = self.check(n.args[0], scope), self.check(n.args[1], scope)
         ka, kb = a.kind, b.kind
-        numeric = {"int", "uint", "double"}
         if "dyn" in (ka, kb):
             other = kb if ka == "dyn" else ka
             if (
-                other in numeric | {"dyn"}
+                other in NUMERIC | {"dyn"}
                 or (op in "+-" and other in {"timestamp", "duration"})
                 or (op == "+" and other in {"string", "bytes", "list"})
             ):
                 return DYN
         elif ka == kb:
-            if ka in numeric and not (ka == "double" and op == "%"):
+            if ka in NUMERIC and not (ka == "double" and op == "%"):
                 return CelType(ka)
             if op == "+" and ka in ("string", "bytes"):
                 return CelType(ka, max_size=sum_size(a, b))
@@ -257,7 +256,7 @@ class Checker:
         elif {ka, kb} == {"timestamp", "duration"} and (op == "+" or (op == "-" and ka == "timestamp")):
             return TIMESTAMP
         hint = ""
-        if {ka, kb} <= numeric:
+        if {ka, kb} <= NUMERIC:
             hint = f" (no implicit conversion: use {kb}() or {ka}())"
         raise self.error(n, f"operator '{op}' is not defined for {a} and {b}{hint}")
 
@@ -342,8 +341,7 @@ class Checker:
             raise self.error(n, f"unknown method '{name}' on {args[0]}")
         if std.is_function(name, True):
             raise self.error(n, f"{name}() is a method: use x.{name}(...)")
-        known = [*self.env.functions, "size", "bytes_of", *(k for k in std.FUNCTIONS if not k[0].islower() or
-                 std.is_function(k, False))]  # fmt: skip
+        known = [*self.env.functions, "size", "bytes_of", *(k for k in std.FUNCTIONS if std.is_function(k, False))]
         raise self.error(n, f"unknown function '{name}'{_did_you_mean(name, known)}")
 
     def plugin(self, n: Node, decl: FunctionDecl, args: list[CelType]) -> CelType:
@@ -362,7 +360,7 @@ class Checker:
 def native_conversion(name: str, src: str) -> bool:
     """Whether the conversion `name(src)` has a dedicated code path (others go through the overload table)."""
     if name in CONVERSIONS:
-        return src in CONVERSIONS[name] or src == "dyn"
+        return src in CONVERSIONS[name]  # a dyn argument is dispatched by the overload table at run time
     if name == "bytes_of":
         return src in ("string", "int", "dyn")
     return name in ("duration", "timestamp") and src == "string"

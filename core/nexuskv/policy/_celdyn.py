@@ -13,19 +13,12 @@ from typing import Any
 import attrs
 
 from nexuskv.policy._celconv import (
-    double_of_string,
-    int_of_double,
-    int_of_string,
-    int_of_timestamp,
-    int_of_uint,
-    string_of,
     tadd,
     tsub,
-    uint_of_double,
-    uint_of_int,
-    uint_of_string,
 )
 from nexuskv.policy._celrt import (
+    MISSING,
+    NUMERIC,
     CelEvalError,
     err,
     fdiv,
@@ -36,6 +29,7 @@ from nexuskv.policy._celrt import (
     ineg,
     isub,
     kind,
+    map_find,
     uadd,
     udiv,
     umod,
@@ -95,14 +89,11 @@ def mkmap(items: Iterable[tuple[Any, Any]], pos: int = -1) -> dict[Any, Any]:
     return out
 
 
-_NUMERIC = frozenset({"int", "uint", "double"})
-
-
 def eq(a: Any, b: Any) -> bool:
     """CEL equality on any values: numbers compare by value across int/uint/double, other kinds must match."""
     ka, kb = kind(a), kind(b)
     if ka != kb:
-        if ka in _NUMERIC and kb in _NUMERIC:
+        if ka in NUMERIC and kb in NUMERIC:
             return float(a) == float(b) if "double" in (ka, kb) else a == b
         return False
     if ka == "optional":
@@ -113,8 +104,8 @@ def eq(a: Any, b: Any) -> bool:
         if len(a) != len(b):
             return False
         for k, v in a.items():
-            found = _map_find(b, k)
-            if found is _MISSING or not eq(v, found):
+            found = map_find(b, k)
+            if found is MISSING or not eq(v, found):
                 return False
         return True
     if ka == "message":
@@ -122,20 +113,6 @@ def eq(a: Any, b: Any) -> bool:
             return False
         return all(eq(getattr(a, f.name), getattr(b, f.name)) for f in attrs.fields(type(a)))
     return bool(a == b)
-
-
-_MISSING = object()
-
-
-def _map_find(m: Mapping[Any, Any], k: Any) -> Any:
-    """m[k] by CEL equality: numeric keys match across int, uint and double."""
-    kk = kind(k)
-    numeric = kk in _NUMERIC
-    for key, value in m.items():
-        kkey = kind(key)
-        if (kkey == kk or (numeric and kkey in _NUMERIC)) and key == k:
-            return value
-    return _MISSING
 
 
 def in_list(x: Any, seq: Iterable[Any]) -> bool:
@@ -247,7 +224,7 @@ def d_cmp(op: str, a: Any, b: Any, pos: int = -1) -> bool:
     """Ordering on dyn operands: the same orderable kind, or numbers of any kinds (compared by value)."""
     ka, kb = kind(a), kind(b)
     if ka != kb:
-        if not (ka in _NUMERIC and kb in _NUMERIC):
+        if not (ka in NUMERIC and kb in NUMERIC):
             err(f"no such overload: {ka} {op} {kb}", pos)
         if "double" in (ka, kb):  # int / uint against double: compared as doubles, as cel-go does
             a, b = float(a), float(b)
@@ -268,7 +245,7 @@ def d_in(x: Any, container: Any, pos: int = -1) -> bool:
     if k == "list":
         return in_list(x, container)
     if k == "map":
-        return _map_find(container, x) is not _MISSING
+        return map_find(container, x) is not MISSING
     err(f"no such overload: in {k}", pos)
 
 
@@ -285,8 +262,8 @@ def d_index(c: Any, i: Any, pos: int = -1) -> Any:
             err(f"list index must be int, got {ki}", pos)
         return lidx(c, int(i), pos)
     if k == "map":
-        found = _map_find(c, i)
-        if found is _MISSING:
+        found = map_find(c, i)
+        if found is MISSING:
             err(f"no such key: {i!r}", pos)
         return found
     err(f"cannot index {k}", pos)
@@ -347,32 +324,6 @@ def d_expect(v: Any, want: str, pos: int = -1) -> Any:
     if want == "message" and k == "message":
         return v
     err(f"expected a {want} result, got {k}", pos)
-
-
-def d_conv(target: str, v: Any, pos: int = -1) -> Any:
-    """int() / uint() / double() / string() of a dyn value."""
-    k = kind(v)
-    if target == "string":
-        return string_of(v, pos)
-    table: dict[tuple[str, str], Callable[..., Any]] = {
-        ("int", "int"): lambda x, p: x,
-        ("int", "uint"): int_of_uint,
-        ("uint", "uint"): lambda x, p: x,
-        ("double", "uint"): lambda x, p: float(x),
-        ("int", "double"): int_of_double,
-        ("int", "string"): int_of_string,
-        ("int", "timestamp"): int_of_timestamp,
-        ("uint", "int"): uint_of_int,
-        ("uint", "double"): uint_of_double,
-        ("uint", "string"): uint_of_string,
-        ("double", "int"): lambda x, p: float(x),
-        ("double", "double"): lambda x, p: x,
-        ("double", "string"): double_of_string,
-    }
-    fn = table.get((target, k))
-    if fn is None:
-        err(f"no such overload: {target}({k})", pos)
-    return fn(v, pos)
 
 
 def call_plugin(fn: Callable[..., Any], name: str, pos: int, *args: Any) -> Any:

@@ -31,7 +31,7 @@ _HELPER_NAMES = (
         "bytes_of", "matches", "lidx", "mget", "sel", "mkmap", "eq", "in_list", "all_x", "exists_x",
         "as_bool",
         "d_arith", "d_neg", "d_cmp", "d_in", "d_index", "d_select", "d_has", "d_size", "d_iter", "d_str",
-        "d_expect", "d_conv", "call_plugin",
+        "d_expect", "call_plugin",
 )  # fmt: skip
 _RUNTIME = (_celrt, _celconv, _celdyn)
 _HELPERS: dict[str, Any] = {name: next(getattr(m, name) for m in _RUNTIME if hasattr(m, name))

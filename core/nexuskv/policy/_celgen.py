@@ -366,8 +366,6 @@ class Gen:
         a = args[0]
         src = a.t.kind
         if name in CONVERSIONS:
-            if src == "dyn":
-                return f"_d_conv({name!r}, {self.g(a, scope)}{self.pos(n)})"
             x = self.value(a, scope, silent=True)  # str(None), identity conversions would not raise
             if (name, src) == ("string", "bool"):
                 return f"('true' if {x} else 'false')"

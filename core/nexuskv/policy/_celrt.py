@@ -104,6 +104,23 @@ def type_name(v: object) -> str:
     return type(v).__name__ if k == "message" else KIND_TYPE_NAMES.get(k, k)
 
 
+NUMERIC = frozenset({"int", "uint", "double"})
+"""The number kinds: CEL compares and orders them with each other."""
+MISSING = object()
+"""What `map_find` returns for a key the map does not hold."""
+
+
+def map_find(m: Mapping[Any, Any], k: Any) -> Any:
+    """m[k] by CEL equality: numeric keys match across int, uint and double; bool never matches a number."""
+    kk = kind(k)
+    numeric = kk in NUMERIC
+    for key, value in m.items():
+        kkey = kind(key)
+        if (kkey == kk or (numeric and kkey in NUMERIC)) and key == k:
+            return value
+    return MISSING
+
+
 def nn(v: Any, pos: int = -1) -> Any:
     """`v`, or an error when it is null (an unset optional field used where a value is needed)."""
     if v is None:

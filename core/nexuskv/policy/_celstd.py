@@ -18,7 +18,7 @@ import attrs
 
 from nexuskv.policy import _celext as ext
 from nexuskv.policy import _celstdlib as lib
-from nexuskv.policy._celrt import err, kind
+from nexuskv.policy._celrt import NUMERIC, err, kind
 from nexuskv.policy.types import (
     BOOL,
     BYTES,
@@ -63,15 +63,12 @@ class Overload:
         return self.args
 
 
-_NUM = frozenset({"int", "uint", "double"})
-
-
 def _fits(want: str, have: str) -> bool:
-    return want == "dyn" or have == "dyn" or want == have or (want == "num" and have in _NUM)
+    return want == "dyn" or have == "dyn" or want == have or (want == "num" and have in NUMERIC)
 
 
 def _exact(want: str, have: str) -> bool:
-    return want == have or want == "dyn" or (want == "num" and have in _NUM)
+    return want == have or want == "dyn" or (want == "num" and have in NUMERIC)
 
 
 def candidates(name: str, method: bool, args: Sequence[CelType]) -> tuple[list[Overload], bool]:

@@ -29,7 +29,7 @@ from nexuskv.policy._celconv import (
     uint_of_int,
     uint_of_string,
 )
-from nexuskv.policy._celrt import EPOCH, err, type_name
+from nexuskv.policy._celrt import EPOCH, MISSING, err, map_find, type_name
 from nexuskv.policy._celtime import dur_ns
 from nexuskv.policy._celvalues import NONE, OptionalValue, TypeValue
 
@@ -126,9 +126,9 @@ def duration_part(name: str) -> Callable[[_dt.timedelta], int]:
     """The accessor `name` of a duration: whole hours, minutes or seconds, or the milliseconds part."""
 
     def accessor(d: _dt.timedelta) -> int:
-        micros = dur_ns(d) // 1000 if dur_ns(d) >= 0 else -(-dur_ns(d) // 1000)
-        sign = -1 if micros < 0 else 1
-        micros = abs(micros)
+        ns = dur_ns(d)
+        sign = -1 if ns < 0 else 1
+        micros = abs(ns) // 1000
         if name == "getHours":
             return sign * (micros // 3_600_000_000)
         if name == "getMinutes":
@@ -226,19 +226,9 @@ def opt_index(obj: Any, key: Any, pos: int = -1) -> OptionalValue:
             err(f"list index must be int, got {type_name(key)}", pos)
         return OptionalValue(True, obj[key]) if 0 <= key < len(obj) else NONE
     if isinstance(obj, Mapping):
-        for k, v in obj.items():
-            if _same_key(k, key):
-                return OptionalValue(True, v)
-        return NONE
+        found = map_find(obj, key)
+        return NONE if found is MISSING else OptionalValue(True, found)
     err(f"cannot index {type_name(obj)}", pos)
-
-
-def _same_key(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    return type(a) is type(b) and a == b
 
 
 def opt_has(obj: Any, field: str, pos: int = -1) -> bool:

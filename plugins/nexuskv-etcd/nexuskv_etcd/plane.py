@@ -23,7 +23,7 @@ from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.utils import _encode
 
 from nexuskv import Lease
-from nexuskv_etcd.view import ClusterView
+from nexuskv_etcd.view import ClusterView, members_of, range_of
 
 __all__ = ["EtcdControlPlane"]
 
@@ -107,11 +107,7 @@ class EtcdControlPlane:
         """Live nodes and their fencing epochs: the watched view (the last one seen while etcd is away)."""
         if self.view is not None and self.view.synced:
             return self.view.members()
-        result = self._post("/kv/range", {"key": self._key("members", ""),
-                                          "range_end": _encode(self.prefix + "members0")})  # fmt: skip
-        start = len(self.prefix) + len("members/")
-        return {etcd3gw.utils._decode(kv["key"]).decode()[start:]: int(kv["mod_revision"])
-                for kv in result.get("kvs", [])}  # fmt: skip
+        return members_of(range_of(self._post, self.prefix + "members/")[1], self.prefix)
 
     def close(self) -> None:
         """Stop the watch and close the HTTP session (leases are left to expire or to the caller to revoke)."""

@@ -22,7 +22,7 @@ from etcd3gw.utils import _decode, _encode, _increment_last_byte
 
 from nexuskv.logs import get_logger
 
-__all__ = ["ClusterView"]
+__all__ = ["ClusterView", "members_of", "range_of"]
 
 log = get_logger(__name__)
 
@@ -90,16 +90,14 @@ class ClusterView:
                     log.warning("etcd watch interrupted; keeping the last view", error=self.error)
             self._stop.wait(self.retry_s)
 
-    def _range(self, sub: str) -> tuple[int, list[dict[str, Any]]]:
-        key = self.prefix + sub
-        span = {"key": _encode(key), "range_end": _encode(_increment_last_byte(key))}
-        result = self._client.post(self._client.get_url("/kv/range"), json=span)
-        return int(result["header"]["revision"]), result.get("kvs", [])
+    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._client.post(self._client.get_url(path), json=payload)
+        return result
 
     def _list(self) -> None:
-        revision, members = self._range("members/")
-        _, status = self._range("status/")
-        m = {_decode(kv["key"]).decode()[len(self.prefix) + 8 :]: int(kv["mod_revision"]) for kv in members}
+        revision, members = range_of(self._post, self.prefix + "members/")
+        _, status = range_of(self._post, self.prefix + "status/")
+        m = members_of(members, self.prefix)
         s = {_decode(kv["key"]).decode()[len(self.prefix) + 7 :]: _status_of(kv) for kv in status}
         with self._cond:  # the listed revision is etcd's now (lower than before if etcd was rebuilt)
             self._members, self._status, self.revision = m, s, revision
@@ -189,3 +187,15 @@ def _status_of(kv: dict[str, Any]) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def range_of(post: Callable[[str, dict[str, Any]], dict[str, Any]], key: str) -> tuple[int, list[dict[str, Any]]]:
+    """etcd's revision and the key-values under the prefix `key`, read with `post(path, payload)`."""
+    result = post("/kv/range", {"key": _encode(key), "range_end": _encode(_increment_last_byte(key))})
+    return int(result["header"]["revision"]), result.get("kvs", [])
+
+
+def members_of(kvs: list[dict[str, Any]], prefix: str) -> dict[str, int]:
+    """Node -> fencing epoch (the revision its member key was written at) from `{prefix}members/` key-values."""
+    start = len(prefix) + len("members/")
+    return {_decode(kv["key"]).decode()[start:]: int(kv["mod_revision"]) for kv in kvs}
