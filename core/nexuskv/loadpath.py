@@ -145,15 +145,15 @@ class LoadPath:
     def _load_many(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], tier: str,
                    transport: str) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
         got: _States = {}
-        started, nbytes = time.perf_counter(), 0
+        links = self.hierarchy.cost.links  # measuring: a whole span, as the planner prices it, is one sample
+        started = time.perf_counter() if links is not None else 0.0
         for b, g in jobs:
             st = self.hierarchy.load(keys[b], g, tier=tier, transport=transport)
             if st is None:
                 return got, (b, f"block {b} group {g} missing or corrupt in {tier}")
             got[(b, g)] = st
-            nbytes += len(st.payload)
-        links = self.hierarchy.cost.links
-        if links is not None and jobs:  # a whole span, as the planner prices it: one sample of its link
+        if links is not None and jobs:
+            nbytes = sum(len(st.payload) for st in got.values())
             links.observe(tier if transport == "local" else transport, nbytes, time.perf_counter() - started)
         return got, None
 
