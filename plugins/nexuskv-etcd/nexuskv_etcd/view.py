@@ -37,6 +37,7 @@ class ClusterView:
         self.idle_s = idle_s
         self._members: dict[str, int] = {}
         self._status: dict[str, dict[str, Any]] = {}
+        self._noted: dict[str, int] = {}  # joins made here, until a list or the watch has them
         self.revision = 0
         self.synced = False  # listed at least once
         self.live = False  # the watch stream is open now
@@ -100,6 +101,10 @@ class ClusterView:
         m = members_of(members, self.prefix)
         s = {_decode(kv["key"]).decode()[len(self.prefix) + 7 :]: _status_of(kv) for kv in status}
         with self._cond:  # the listed revision is etcd's now (lower than before if etcd was rebuilt)
+            # a join this process made after the list's snapshot is not in it: keep it until a list covers it
+            self._noted = {node: e for node, e in self._noted.items() if e > revision}
+            for node, e in self._noted.items():
+                m[node] = max(m.get(node, 0), e)
             self._members, self._status, self.revision = m, s, revision
             self.synced, self.error = True, ""
             self._cond.notify_all()
@@ -158,6 +163,7 @@ class ClusterView:
     def note_member(self, node: str, epoch: int) -> None:
         """Record a join this process made (its write may reach the watch a moment later)."""
         with self._cond:
+            self._noted[node] = max(self._noted.get(node, 0), epoch)
             if epoch > self._members.get(node, 0):
                 self._members[node] = epoch
             self._cond.notify_all()
