@@ -54,6 +54,7 @@ class KernelConfig:
     control_plane: dict[str, Any] = field(factory=dict)
     tiers: dict[str, dict[str, Any]] = field(factory=_default_tiers)
     transports: tuple[str, ...] = ("local",)
+    transport_options: dict[str, dict[str, Any]] = field(factory=dict)  # [transport_options.tcp] host = "10.0.0.5"
     plugins: tuple[str, ...] | None = None  # allow list of entry-point plugins (as NEXUSKV_PLUGINS)
     disable_plugins: tuple[str, ...] = ()  # block list, builtins included (as NEXUSKV_DISABLE_PLUGINS)
     policies: str | None = None

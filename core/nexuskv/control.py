@@ -37,6 +37,8 @@ class Membership:
         self._error = ""
         self._seen = time.monotonic()
         self._lock = threading.Lock()  # the heartbeat and close() both change lease and epoch
+        self._listeners: list[Callable[[int, float], None]] = []
+        self._rejoin = threading.Event()
         try:
             self._join()
             self._seen = time.monotonic()  # renewed now, not when we started asking
@@ -66,8 +68,13 @@ class Membership:
         renews (a restarted etcd extends every lease): its later writes carry a token above the old one.
         """
         try:
-            lapsed = time.monotonic() - self._seen >= self.lease_ttl_s
-            if self.lease is None or lapsed or not self.plane.keepalive(self.lease.lease_id):
+            lapsed = time.monotonic() - self._seen >= self.lease_ttl_s or self._rejoin.is_set()
+            self._rejoin.clear()
+            renewed = not lapsed and self.lease is not None and self.plane.keepalive(self.lease.lease_id)
+            # A renewal that answered a whole TTL after the last one (the call hung while the plane was away)
+            # does not vouch for the time between: the lease may have lapsed somewhere. Join again.
+            lapsed = lapsed or time.monotonic() - self._seen >= self.lease_ttl_s
+            if self.lease is None or lapsed or not renewed:
                 if lapsed and self.lease is not None:
                     with contextlib.suppress(Exception):
                         self.plane.revoke(self.lease.lease_id)
@@ -79,6 +86,49 @@ class Membership:
         except Exception as exc:
             self._error = f"{type(exc).__name__}: {exc}"
             log.warning("control plane heartbeat failed", error=self._error)
+            return
+        self._notify()
+
+    def rejoin(self) -> None:
+        """Ask for a new lease and fencing epoch at the next heartbeat (a part found this epoch fenced out)."""
+        self._rejoin.set()
+
+    def listen(self, listener: Callable[[int, float], None]) -> None:
+        """Call `listener(epoch, renewed_at)` after every renewal or join (on the heartbeat thread), and once now.
+
+        `renewed_at` is the `time.monotonic()` of the renewal: the lease runs until `renewed_at + lease_ttl_s` at
+        the latest. Listeners extend what lives on the lease elsewhere (a cluster index's liveness key) and learn
+        new epochs; one that raises is logged and kept.
+        """
+        self._listeners.append(listener)
+        if self.ok():
+            self._call(listener)
+
+    def _notify(self) -> None:
+        for listener in list(self._listeners):
+            self._call(listener)
+
+    def _call(self, listener: Callable[[int, float], None]) -> None:
+        try:
+            listener(self.epoch, self._seen)
+        except Exception as exc:
+            log.warning("membership listener failed", listener=repr(listener), error=f"{type(exc).__name__}: {exc}")
+
+    def peer_status(self, node: str) -> Mapping[str, Any] | None:
+        """What `node` last published (addresses, link estimates), from the control plane's view; None if unknown."""
+        view = getattr(self.plane, "view", None)
+        if view is None:
+            return None
+        try:
+            got: Mapping[str, Any] | None = view.status().get(node)
+        except Exception:
+            return None
+        return got
+
+    def publish_now(self) -> None:
+        """Publish this node's status at once (after a part it advertises, such as a server address, started)."""
+        if self.ok():
+            self._publish()
 
     def ok(self) -> bool:
         """True while the lease is known to be alive (last heartbeat within the lease TTL, no error since)."""
@@ -95,7 +145,9 @@ class Membership:
         if self._status is None or publish is None or self.lease is None:
             return
         try:
-            publish(self.node, self.lease.lease_id, self._status())
+            status = self._status()
+            if status:  # nothing to say: no write (every write grows etcd's history)
+                publish(self.node, self.lease.lease_id, status)
         except Exception as exc:
             log.warning("publishing the node status failed", error=f"{type(exc).__name__}: {exc}")
 

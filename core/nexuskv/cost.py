@@ -17,7 +17,12 @@ from nexuskv.contracts import Calibration, CodecCost, CostProfile, LinkCost, Pre
 from nexuskv.errors import ContractError
 from nexuskv.links import LinkEstimates
 
-__all__ = ["CostModel", "Terms", "default_profile", "gain", "load_profile"]
+__all__ = ["CostModel", "Terms", "default_profile", "gain", "load_profile", "peer_link"]
+
+
+def peer_link(node: str) -> str:
+    """The name under which the link to peer `node` is measured, priced and scaled (`peer:<node>`)."""
+    return f"peer:{node}"
 
 
 def default_profile() -> CostProfile:
@@ -40,7 +45,8 @@ def default_profile() -> CostProfile:
             "disk": LinkCost(bandwidth_bytes_per_s=1.5e9, latency_ms=0.1),
             "redis": LinkCost(bandwidth_bytes_per_s=1e9, latency_ms=0.3),
         },
-        transports={"local": LinkCost(bandwidth_bytes_per_s=8e9, latency_ms=0.0)},
+        transports={"local": LinkCost(bandwidth_bytes_per_s=8e9, latency_ms=0.0),
+                    "tcp": LinkCost(bandwidth_bytes_per_s=1e9, latency_ms=0.2)},
         codecs={
             "raw": CodecCost(decode_bytes_per_s=1e12, encode_bytes_per_s=1e12, ratio=1.0),
             "zstd": CodecCost(decode_bytes_per_s=1.5e9, encode_bytes_per_s=4e8, ratio=1.3),
@@ -148,6 +154,30 @@ class CostModel:
             total += latency + (stored + busy) / bw * 1e3
         if c is not None and codec != "raw":
             total += nbytes / c.decode_bytes_per_s * 1e3
+        return total
+
+    def remote_ms(self, nbytes: float, tier: str, node: str, *, transport: str,
+                  inflight: Mapping[str, float] | None = None,
+                  bandwidth_scale: Mapping[str, float] | None = None) -> float:  # fmt: skip
+        """Time to read `nbytes` held in `tier` on peer `node` over `transport`.
+
+        Measured once the link to the peer (`peer:<node>`) has estimates: the whole read, the peer's tier and
+        the network together, as the load path times it. Before that, the profile's cost of the tier (when this
+        node's profile knows it) plus the transport's. Bytes in flight to the peer queue first;
+        `bandwidth_scale["peer:<node>"]` scales the link (fault injection).
+        """
+        if nbytes <= 0:
+            return 0.0
+        link = peer_link(node)
+        scale = bandwidth_scale.get(link, 1.0) if bandwidth_scale else 1.0
+        busy = inflight.get(link, 0.0) if inflight else 0.0
+        measured = self.links.get(link) if self.links is not None else None
+        if measured is not None:
+            return measured.latency_ms + (nbytes + busy) / (measured.bandwidth_bytes_per_s * scale) * 1e3
+        hop = self.link(transport)
+        total = hop.latency_ms + (nbytes + busy) / (hop.bandwidth_bytes_per_s * scale) * 1e3
+        if tier in self.profile.tiers:
+            total += self.transfer_ms(nbytes, tier)
         return total
 
     def mount_ms(self, blocks: int) -> float:

@@ -53,6 +53,24 @@ class Hierarchy:
                 log.warning("tier has no cost in the profile; plans will not read from it", tier=t)
         known.sort(key=lambda t: (-cost.profile.tiers[t].bandwidth_bytes_per_s, t))
         self.tier_order = tuple(known)
+        # Tiers that hold other nodes' payloads too (host-wide, or a server): read here, never fetched from a peer.
+        self.shared_tiers = tuple(n for n, st in self.tiers.items() if isinstance(st, PersistentTierStore))
+        self.remote = self._remote_transport()
+        self.addresses: dict[str, str] = {}  # transport -> address this node serves its tiers on (for peers)
+        for name, mover in self.transports.items():
+            serve = getattr(mover, "serve", None)
+            if callable(serve):
+                self.addresses[name] = serve(self.tiers)
+                log.info("serving tiers to peers", transport=name, address=self.addresses[name])
+
+    def _remote_transport(self) -> str:
+        """The first transport that reaches other nodes and has a cost in the profile ("" when none)."""
+        for name, mover in self.transports.items():
+            if getattr(mover, "remote", False) is True:
+                if name in self.cost.profile.transports:
+                    return name
+                log.warning("transport has no cost in the profile; peers' state will not be planned", transport=name)
+        return ""
 
     @property
     def fastest(self) -> str:
@@ -91,7 +109,16 @@ class Hierarchy:
         missing = [t for t in self.config.transports if t not in factories]
         if missing:
             raise ConfigError(f"transports: no transport plugin named {missing} (have: {sorted(factories)})")
-        return {name: factories[name]() for name in self.config.transports}
+        stray = sorted(set(self.config.transport_options) - set(self.config.transports))
+        if stray:
+            raise ConfigError(f"transport_options: {stray} not in transports {list(self.config.transports)}")
+        out: dict[str, Transport] = {}
+        for name in self.config.transports:
+            try:
+                out[name] = factories[name](**self.config.transport_options.get(name, {}))
+            except TypeError as exc:
+                raise ConfigError(f"transport_options.{name}: {exc}") from None
+        return out
 
     def reindex(self, tier: str) -> int:
         """Index what a persistent tier holds now (a host-wide tier another process writes to); returns the count."""
@@ -180,6 +207,8 @@ class Hierarchy:
     def faster(self, tier: str, than: str) -> bool:
         """True when both tiers have a cost and `tier` comes before `than` in the tier order."""
         order = self.tier_order
+        if than.startswith("peer:"):  # state fetched from another node: any tier of this node is nearer
+            return tier in order
         return tier in order and than in order and order.index(tier) < order.index(than)
 
     def store(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float,
@@ -226,6 +255,32 @@ class Hierarchy:
             return got
         return None
 
+    def load_peer(self, node: str, tier: str, transport: str,
+                  blocks: list[tuple[bytes, int]]) -> list[StoredState | None]:  # fmt: skip
+        """Fetch (key, group) payloads held in `tier` on peer `node`, each checksum verified (None: not usable).
+
+        The peer's address is what it published to the control plane. A payload that is missing, not the
+        block's or fails its checksum loses the peer's entry in this node's index (nothing is deleted on the
+        peer); a peer that cannot be reached raises (the caller's breaker counts it).
+        """
+        status = self.membership.peer_status(node) or {}
+        address = (status.get("addresses") or {}).get(transport)
+        if not address:
+            raise LookupError(f"node {node!r} has published no {transport} address")
+        got = self.transports[transport].fetch_remote(address, tier, [slot_of(k, g) for k, g in blocks])  # type: ignore[attr-defined]
+        out: list[StoredState | None] = []
+        for (key, group), st in zip(blocks, got, strict=True):
+            desc = st.descriptor if st is not None else None
+            if st is None or desc is None or desc.key != key.hex() or not checksum_known(desc.checksum) or \
+                    not verify_checksum(st.payload, desc.checksum):  # fmt: skip
+                self._unindex(key, group, tier, node=node)
+                log.warning("peer state refused", node=node, tier=tier, key=key.hex(), group=group,
+                            why="missing" if st is None else "not the block's or checksum mismatch")  # fmt: skip
+                out.append(None)
+            else:
+                out.append(st)
+        return out
+
     def _forget(self, key: bytes, group: int, tier: str, store: TierStore) -> None:
         """Drop the index entries of a slot `tier` turned out not to hold (unless it was stored again since)."""
         gone = self._unindex(key, group, tier)
@@ -262,11 +317,15 @@ class Hierarchy:
         self._unindex(key, group, tier)
         log.warning("payload quarantined", key=key.hex(), group=group, tier=tier, reason=reason)
 
-    def _unindex(self, key: bytes, group: int, tier: str) -> int:
-        """Forget `group` of `key` at every location in `tier` (any node, any epoch); how many locations had it."""
+    def _unindex(self, key: bytes, group: int, tier: str, node: str | None = None) -> int:
+        """Forget `group` of `key` at every location in `tier` (of `node` only when given, any epoch); returns how many.
+
+        Without `node`, only locations this node reads itself: its own, and other nodes' in a shared tier.
+        """
         h = self.index.get(key)
         return sum(self.index.remove(key, loc, 1 << group) for loc, _ in (() if h is None else h.locations)
-                   if loc.tier == tier)  # fmt: skip
+                   if loc.tier == tier and (loc.node == node if node is not None else
+                                            loc.node == self.node or tier in self.shared_tiers))  # fmt: skip
 
     def move(self, slot: bytes, source: str, target: str,
              choose: Callable[[StateDescriptor], str | None] | None = None) -> bool:  # fmt: skip

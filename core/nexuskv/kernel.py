@@ -63,9 +63,8 @@ class Kernel:
         self.index: Matcher = self.plugins.matcher(cfg.matcher)
         profile = load_profile(cfg.profile) if cfg.profile else default_profile()
         self.links = link_estimates(cfg.links, profile)
-        status = (lambda: {"links": dict(self.links.snapshot())}) if self.links is not None else None
         self.membership = Membership(self.plugins.control_plane(cfg.control_plane), self.node, cfg.lease_ttl_s,
-                                     status=status)  # fmt: skip
+                                     status=self._status)  # fmt: skip
         self.cost = CostModel(profile, links=self.links)
         self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s)
         self.hierarchy = Hierarchy(cfg, (self.plugins.tier_stores(), self.plugins.transports()), self.index,
@@ -76,7 +75,9 @@ class Kernel:
             for problem in problems:
                 log.error("plugin CEL function unusable", problem=problem)
             self.policies = Policies.load(cfg.policies, decls)
-        self.planner = Planner(self.cost, self.health, self.tier_order, transport=cfg.transports[0])
+        self.planner = Planner(self.cost, self.health, self.tier_order, transport=cfg.transports[0],
+                               remote_transport=self.hierarchy.remote,
+                               shared_tiers=self.hierarchy.shared_tiers)  # fmt: skip
         self.keyring = Keys(self.keyer, cfg.session_cache)
         self.writes = WritePath(cfg, self.keyring, self.hierarchy, self.health, self.policies)
         self.loads = LoadPath(cfg, self.keyring, self.hierarchy, self.health, self.writes, self.plan_seal,
@@ -86,9 +87,24 @@ class Kernel:
         self.decision_log = DecisionLog(self.plugins)
         self.reads = ReadPath(cfg, self.keyring, self.index, self.planner, self.policies, self.membership,
                               self.health, self.cost, self.prefetcher, self.decision_log, self.plan_seal)  # fmt: skip
+        bind = getattr(self.index, "bind", None)
+        if callable(bind):  # a cluster-wide index follows this kernel's membership and publishes its holdings
+            bind(self)
+        if self.hierarchy.addresses:
+            self.membership.publish_now()  # peers learn where to fetch from without waiting for a heartbeat
         log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
                  policies=self.policies.tenants() if self.policies else [],
                  plugin_problems=len(self.plugins.problems))  # fmt: skip
+
+    def _status(self) -> dict[str, Any]:
+        """What this node publishes to the cluster view each heartbeat: link estimates and where peers reach it."""
+        out: dict[str, Any] = {}
+        if getattr(self, "links", None) is not None:
+            out["links"] = dict(self.links.snapshot())  # type: ignore[union-attr]
+        hierarchy = getattr(self, "hierarchy", None)  # not built yet during the first join
+        if hierarchy is not None and hierarchy.addresses:
+            out["addresses"] = dict(hierarchy.addresses)
+        return out
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> Kernel:
@@ -277,6 +293,9 @@ class Kernel:
         self.prefetcher.close()
         self.writes.close()
         self.loads.close()
+        close_index = getattr(self.index, "close", None)
+        if callable(close_index):
+            close_index()
         self.hierarchy.close()
         self.membership.close()
 

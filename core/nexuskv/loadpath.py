@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from attrs import define
 
 from nexuskv.config import KernelConfig
-from nexuskv.contracts import Plan, PlanAction, Request
+from nexuskv.contracts import Plan, PlanAction, PlanSpan, Request
+from nexuskv.cost import peer_link
 from nexuskv.health import Health
 from nexuskv.hierarchy import Hierarchy
 from nexuskv.identity import PlanSeal
@@ -104,25 +105,30 @@ class LoadPath:
             for b in range(span.start // page, span.end // page):
                 need = paged | (ckpt if b == last - 1 else 0)
                 jobs.extend((b, g) for g in range(len(request.layout.groups)) if need & (1 << g))
-            future = self._loader.submit(self._load_many, keys, jobs, span.tier, span.transport)
+            peer = span.transport == self.hierarchy.remote and bool(span.transport) and span.node != self.config.node
+            # A peer's span is judged by the link to that peer; this node's tier breakers stay out of it.
+            source = peer_link(span.node) if peer else span.tier
+            load = self._load_peer if peer else self._load_many
+            future = self._loader.submit(load, keys, jobs, span)
             try:
                 got, bad = future.result(timeout=limit / 1e3)
             except concurrent.futures.TimeoutError:
-                self.health.breaker(span.tier).failure(f"load timed out after {limit:g} ms", severe=True)
-                self.health.breaker(f"transport:{span.transport}").failure(f"load from {span.tier} timed out")
-                first_bad = span.start // page
-                return self._partial(plan, states, first_bad, page, f"tier {span.tier} timed out")
+                self.health.breaker(source).failure(f"load timed out after {limit:g} ms", severe=True)
+                if not peer:
+                    self.health.breaker(f"transport:{span.transport}").failure(f"load from {span.tier} timed out")
+                return self._partial(plan, states, span.start // page, page, f"{source} timed out")
             except Exception as exc:
-                self.health.breaker(span.tier).failure(repr(exc))
-                return self._partial(plan, states, span.start // page, page, f"tier {span.tier} failed: {exc!r}")
+                self.health.breaker(source).failure(repr(exc))
+                return self._partial(plan, states, span.start // page, page, f"{source} failed: {exc!r}")
             states.update(got)
-            if self.config.promote_on_hit and order and span.tier != order[0]:
-                self.writes.promote(request, got, span.tier)
+            if self.config.promote_on_hit and order and (peer or span.tier != order[0]):
+                self.writes.promote(request, got, source)
             if bad is not None:
                 b, why = bad
                 return self._partial(plan, states, b, page, why)
-            self.health.breaker(span.tier).success()
-            self.health.breaker(f"transport:{span.transport}").success()
+            self.health.breaker(source).success()
+            if not peer:
+                self.health.breaker(f"transport:{span.transport}").success()
         return Materialized(plan, last, last * page, states)
 
     def _refusal(self, plan: Plan, request: Request) -> str:
@@ -142,9 +148,10 @@ class LoadPath:
             return authorise(self.policies, request, plan.namespace, plan.tokens_reused // request.layout.page_size)
         return ""
 
-    def _load_many(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], tier: str,
-                   transport: str) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
+    def _load_many(self, keys: Sequence[bytes], jobs: list[tuple[int, int]],
+                   span: PlanSpan) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
         got: _States = {}
+        tier, transport = span.tier, span.transport
         links = self.hierarchy.cost.links  # measuring: a whole span, as the planner prices it, is one sample
         started = time.perf_counter() if links is not None else 0.0
         for b, g in jobs:
@@ -155,6 +162,22 @@ class LoadPath:
         if links is not None and jobs:
             nbytes = sum(len(st.payload) for st in got.values())
             links.observe(tier if transport == "local" else transport, nbytes, time.perf_counter() - started)
+        return got, None
+
+    def _load_peer(self, keys: Sequence[bytes], jobs: list[tuple[int, int]],
+                   span: PlanSpan) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
+        """A peer's span: every block in one pipelined fetch, timed as one sample of the link to that peer."""
+        started = time.perf_counter()
+        answers = self.hierarchy.load_peer(span.node, span.tier, span.transport, [(keys[b], g) for b, g in jobs])
+        elapsed = time.perf_counter() - started
+        got: _States = {}
+        for (b, g), st in zip(jobs, answers, strict=True):
+            if st is None:
+                return got, (b, f"block {b} group {g} missing or corrupt on node {span.node} ({span.tier})")
+            got[(b, g)] = st
+        links = self.hierarchy.cost.links
+        if links is not None and got:
+            links.observe(peer_link(span.node), sum(len(st.payload) for st in got.values()), elapsed)
         return got, None
 
     def _partial(self, plan: Plan, states: _States, first_bad: int, page: int, reason: str) -> Materialized:

@@ -14,7 +14,7 @@ from typing import Any
 from attrs import define, field
 
 from nexuskv.contracts import Namespace, Plan, PlanAction, PlanSpan, Predicted, Request
-from nexuskv.cost import CostModel, gain
+from nexuskv.cost import CostModel, gain, peer_link
 from nexuskv.errors import check_deadline as check
 from nexuskv.health import Health
 from nexuskv.index import Holding, Match
@@ -57,12 +57,24 @@ class PlanDetail:
 class Planner:
     """Prices candidates; holds no state of its own besides configuration."""
 
-    def __init__(self, cost: CostModel, health: Health, tier_order: Sequence[str], transport: str = "local") -> None:
+    def __init__(self, cost: CostModel, health: Health, tier_order: Sequence[str], transport: str = "local",
+                 remote_transport: str = "", shared_tiers: Sequence[str] = ()) -> None:  # fmt: skip
+        """`remote_transport` reaches other nodes (without one, only state this node can read is planned).
+
+        `shared_tiers` are this node's tiers that hold other nodes' payloads too (host-wide shm or disk, a Redis
+        server): another node's state there is read from the tier itself, not fetched from the peer.
+        """
         self.cost = cost
         self.health = health
         self.tier_order = tuple(tier_order)  # fastest first
         self._rank = {t: i for i, t in enumerate(self.tier_order)}
         self.transport = transport
+        self.remote_transport = remote_transport
+        self.shared_tiers = frozenset(shared_tiers)
+
+    def peer(self, tier: str, where: str, node: str) -> bool:
+        """True when state in `tier` on node `where` must be fetched from that peer by a plan made for `node`."""
+        return bool(node and where and where != node and tier not in self.shared_tiers)
 
     def _best_source(
         self, h: Holding | None, need: int, node: str, healthy: frozenset[str]
@@ -72,10 +84,16 @@ class Planner:
             return None
         best: tuple[int, int, str, str] | None = None
         for loc, mask in h.locations:
-            if mask & need != need or loc.tier not in healthy:
+            if mask & need != need:
                 continue
             remote = 0 if (not node or loc.node == node) else 1
-            key = (remote, self._rank[loc.tier], loc.tier, loc.node)
+            if self.peer(loc.tier, loc.node, node):  # a peer's state: needs a transport to it and a healthy link
+                if not self.remote_transport or not self.health.allow(peer_link(loc.node)):
+                    continue
+                remote = 2
+            elif loc.tier not in healthy:
+                continue
+            key = (remote, self._rank.get(loc.tier, len(self._rank)), loc.tier, loc.node)
             if best is None or key < best:
                 best = key
         return None if best is None else (best[1], best[2], best[3])
@@ -186,13 +204,20 @@ class Planner:
             if c is not None:
                 runs = (*runs, (blocks - 1, blocks, c[1], c[2]))
         block_bytes = self.cost.bytes_per_token * page
-        per_tier: dict[str, int] = {}
-        for first, end, tier, _ in runs:
-            per_tier[tier] = per_tier.get(tier, 0) + (end - first)
-        transfer = sum(self.cost.transfer_ms(n * block_bytes, t, transport=self.transport, inflight=inflight,
-                                             bandwidth_scale=scale) for t, n in sorted(per_tier.items()))  # fmt: skip
+        per_source: dict[tuple[str, str], int] = {}
+        for first, end, tier, where in runs:
+            src = (tier, where if self.peer(tier, where, node) else "")  # "": read here
+            per_source[src] = per_source.get(src, 0) + (end - first)
+        transfer = 0.0
+        for (tier, peer), n in sorted(per_source.items()):
+            if peer:
+                transfer += self.cost.remote_ms(n * block_bytes, tier, peer, transport=self.remote_transport,
+                                                inflight=inflight, bandwidth_scale=scale)  # fmt: skip
+            else:
+                transfer += self.cost.transfer_ms(n * block_bytes, tier, transport=self.transport, inflight=inflight,
+                                                  bandwidth_scale=scale)  # fmt: skip
         terms = self.cost.terms(blocks * page, transfer, blocks)
-        slowest = max(per_tier, key=lambda t: self._rank.get(t, len(self._rank)), default="")
+        slowest = max((t for t, _ in per_source), key=lambda t: self._rank.get(t, len(self._rank)), default="")
         return Candidate(blocks, runs, terms.t_recompute_ms, terms.t_lookup_ms, terms.t_transfer_ms,
                          terms.t_mount_ms, slowest)  # fmt: skip
 
@@ -218,11 +243,17 @@ def to_plan(
     epoch: int = 0,
     cost: CostModel,
     namespace: Namespace | None = None,
+    peer: Any = None,
+    remote_transport: str = "",
 ) -> Plan:
-    """The `Plan` contract for a decision."""
+    """The `Plan` contract for a decision; spans for which `peer(tier, node)` holds go over `remote_transport`."""
     total = len(request.token_ids)
     reused = chosen.blocks * page if chosen is not None and action == PlanAction.MATERIALIZE else 0
-    spans = tuple(PlanSpan(start=f * page, end=e * page, tier=t, node=n, transport=transport)
+
+    def mover(t: str, n: str) -> str:
+        return remote_transport if peer is not None and peer(t, n) else transport
+
+    spans = tuple(PlanSpan(start=f * page, end=e * page, tier=t, node=n, transport=mover(t, n))
                   for f, e, t, n in (chosen.sources if reused and chosen is not None else ()))  # fmt: skip
     pre = tuple(PlanSpan(start=f * page, end=e * page, tier=t, node=n, transport=transport, target_tier=prefetch_to)
                 for f, e, t, n in prefetch)  # fmt: skip
@@ -330,7 +361,7 @@ def decide(
         elif held:
             reasons.append(f"recompute: reusing {longest.blocks * page} tokens would lose "
                            f"{-longest.gain_ms:.2f} ms (transfer {longest.t_transfer_ms:.2f} ms)")  # fmt: skip
-    prefetch = _prefetch(planner, longest, chosen, prefetch_target, min_gain, page) if prefetch_target else ()
+    prefetch = _prefetch(planner, longest, chosen, prefetch_target, min_gain, page, node) if prefetch_target else ()
     if prefetch and action == PlanAction.RECOMPUTE:
         action = PlanAction.PREFETCH
     if prefetch:
@@ -341,7 +372,8 @@ def decide(
     plan = to_plan(request, chosen, action=action, decision_id=decision_id, page=page,
                    transport=planner.transport, prefetch=prefetch, prefetch_to=prefetch_target, reasons=reasons,
                    rules=rules, revision=getattr(policy, "revision", ""), epoch=epoch, cost=planner.cost,
-                   namespace=shared_from if chosen is not None else None)  # fmt: skip
+                   namespace=shared_from if chosen is not None else None,
+                   peer=lambda t, n: planner.peer(t, n, node), remote_transport=planner.remote_transport)  # fmt: skip
     return Decision(plan, PlanDetail(chosen, tuple(cands), tuple(prefetch), tuple(verdicts)))
 
 
@@ -365,9 +397,9 @@ def _reuse_verdict(policy: Any, request: Request, cand: Candidate, node: str, pa
 
 
 def _prefetch(planner: Planner, longest: Candidate, chosen: Candidate | None, target: str,
-              min_gain: float, page: int) -> tuple[tuple[int, int, str, str], ...]:  # fmt: skip
-    """Runs of the longest candidate that are not in `target` and would pay if they were."""
-    if not longest.blocks:
+              min_gain: float, page: int, node: str) -> tuple[tuple[int, int, str, str], ...]:  # fmt: skip
+    """Runs of the longest candidate that are not in `target` and would pay if they were (this node's only)."""
+    if not longest.blocks or any(planner.peer(t, n, node) for _, _, t, n in longest.sources):
         return ()
     slow = tuple(r for r in longest.sources if r[2] != target)
     if not slow:

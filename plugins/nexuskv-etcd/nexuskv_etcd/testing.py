@@ -38,7 +38,10 @@ class EtcdServer:
     data (leases included, as a crashed etcd member would); `pause` / `resume` (SIGSTOP / SIGCONT) freeze it.
     """
 
-    def __init__(self, directory: str | Path | None = None, start_timeout_s: float = 20.0) -> None:
+    def __init__(self, directory: str | Path | None = None, start_timeout_s: float = 20.0,
+                 host: str = "127.0.0.1") -> None:  # fmt: skip
+        """`host` is where it listens: 127.0.0.1, or a test network's own address (a veth in a namespace)."""
+        self.host = host
         self.binary = shutil.which("etcd")
         if self.binary is None:
             raise EtcdServerMissing("etcd is not installed: `apt-get install -y etcd-server` "
@@ -54,13 +57,13 @@ class EtcdServer:
     @property
     def endpoint(self) -> str:
         """`127.0.0.1:{port}`, what `EtcdControlPlane(endpoint=...)` takes."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self) -> None:
         """Start etcd (on the same ports and data as before, if it ran already) and wait until it is healthy."""
         if self.proc is not None and self.proc.poll() is None:
             return
-        client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
+        client, peer = f"http://{self.host}:{self.port}", f"http://{self.host}:{self.peer_port}"
         args = [self.binary or "etcd", "--name", "nexuskv", "--data-dir", str(self.directory / "data"),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -86,7 +89,7 @@ class EtcdServer:
     def healthy(self) -> bool:
         """Whether etcd answers `/health` with a leader."""
         with contextlib.suppress(requests.RequestException, ValueError):
-            r = requests.get(f"http://127.0.0.1:{self.port}/health", timeout=0.5)
+            r = requests.get(f"http://{self.host}:{self.port}/health", timeout=0.5)
             return r.ok and r.json().get("health") == "true"
         return False
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from nexuskv_etcd import EtcdControlPlane
 from nexuskv_etcd.testing import EtcdServer, EtcdServerMissing
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from nexuskv_etcd import EtcdControlPlane
-from nexuskv_etcd.plugin import nexuskv_control_plane
 
 from nexuskv import Kernel, KernelConfig, Layout, ModelIdentity, PlanAction, Request, StateGroup, TokenizerIdentity
+from nexuskv_etcd import EtcdControlPlane
+from nexuskv_etcd.plugin import nexuskv_control_plane
 
 SECRET = bytes(32)
 WAIT_S = 15.0

@@ -6,9 +6,9 @@ import threading
 import time
 
 import pytest
-from nexuskv_etcd import EtcdControlPlane
 
 from nexuskv import ControlPlane
+from nexuskv_etcd import EtcdControlPlane
 
 WAIT_S = 10.0  # far above every TTL here: "eventually" without a wall-clock claim
 

@@ -33,7 +33,9 @@ class RedisServer:
     """
 
     def __init__(self, port: int | None = None, directory: str | Path | None = None,
-                 start_timeout_s: float = 10.0) -> None:  # fmt: skip
+                 start_timeout_s: float = 10.0, host: str = "127.0.0.1") -> None:  # fmt: skip
+        """`host` is where it listens: 127.0.0.1, or a test network's own address (a veth in a namespace)."""
+        self.host = host
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise RedisServerMissing("redis-server is not installed: `apt-get install -y redis-server` "
@@ -48,11 +50,11 @@ class RedisServer:
     @property
     def url(self) -> str:
         """`redis://127.0.0.1:{port}/0`."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def client(self, **kwargs: object) -> redis.Redis:
         """A plain redis-py client of this server."""
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1.0, socket_timeout=5.0,
+        return redis.Redis(host=self.host, port=self.port, socket_connect_timeout=1.0, socket_timeout=5.0,
                            **kwargs)  # type: ignore[arg-type]  # fmt: skip
 
     def start(self) -> None:
@@ -60,13 +62,13 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             return
         log = self.directory / "redis.log"
-        args = [self.binary or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        args = [self.binary or "redis-server", "--port", str(self.port), "--bind", self.host, "--save", "",
                 "--appendonly", "no", "--dir", str(self.directory), "--daemonize", "no",
                 "--logfile", str(log)]  # fmt: skip
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)  # fmt: skip
         deadline = time.monotonic() + self.start_timeout_s
-        probe = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
+        probe = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
         try:
             while True:
                 if self.proc.poll() is not None:

@@ -1,0 +1,380 @@
+import json
+import random
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import structlog
+from _tcp_peer import TIER, FakePeer, descriptor, payload_of, put, slot_n
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nexuskv import PluginManager, Transport, to_dict
+from nexuskv.builtins.dram import DramStore
+from nexuskv_transport_tcp import TcpTransport, TransportError
+
+PEER = Path(__file__).with_name("_tcp_peer.py")
+
+
+def check(got, payload, slot):
+    assert got is not None
+    assert bytes(got.payload) == payload and len(got.payload) == len(payload)
+    assert got.descriptor == descriptor(slot, payload)
+
+
+# --------------------------------------------------------------------------------------------- round trips
+
+
+def test_round_trip_hits_and_misses_in_one_call(store, server, client):
+    payloads = {i: put(store, i, size) for i, size in ((1, 100), (2, 4096), (3, 70_000))}
+    ask = [1, 9, 2, 3, 8, 1]
+    got = client.fetch_remote(server.address, TIER, [slot_n(i) for i in ask])
+    assert len(got) == len(ask)
+    for i, g in zip(ask, got, strict=True):
+        if i in payloads:
+            check(g, payloads[i], slot_n(i))
+            assert isinstance(g.payload, memoryview) and g.payload.readonly
+        else:
+            assert g is None
+    assert client.fetch_remote(server.address, TIER, []) == []
+    assert client.idle_connections(server.address) == 1  # the healthy connection went back to the pool
+
+
+def test_large_and_empty_payloads(store, server, client):
+    big = put(store, 1, 16 << 20)
+    empty = put(store, 2, 0)
+    got_big, got_empty = client.fetch_remote(server.address, TIER, [slot_n(1), slot_n(2)])
+    check(got_big, big, slot_n(1))
+    check(got_empty, empty, slot_n(2))
+
+
+def test_many_slots_of_many_groups(store, server, client):
+    for i in range(300):
+        payload = payload_of(i, i % 50)
+        slot = slot_n(i, group=i % 3)
+        assert store.put(slot, payload, descriptor(slot, payload))
+    ask = [slot_n(i, group=i % 3) for i in range(300)] + [slot_n(i, group=7) for i in range(20)]
+    got = client.fetch_remote(server.address, TIER, ask)
+    for i, g in enumerate(got[:300]):
+        assert bytes(g.payload) == payload_of(i, i % 50) and g.descriptor.group == i % 3
+    assert got[300:] == [None] * 20
+
+
+def test_local_fetch_reads_the_store(store):
+    payload = put(store, 1, 10)
+    t = TcpTransport()
+    assert bytes(t.fetch(store, slot_n(1)).payload) == payload and t.fetch(store, slot_n(2)) is None
+    t.close()
+
+
+# --------------------------------------------------------------------------------------------- failures
+
+
+def test_unknown_tier_names_it(server, client, store):
+    put(store, 1, 10)
+    with pytest.raises(TransportError, match="no tier 'nvme'") as exc:
+        client.fetch_remote(server.address, "nvme", [slot_n(1), slot_n(2)])
+    assert server.address in str(exc.value) and isinstance(exc.value, ConnectionError)
+    assert client.fetch_remote(server.address, TIER, [slot_n(1)])[0] is not None  # the client is still fine
+
+
+def test_store_failure_is_reported(client):
+    class Broken(DramStore):
+        def get(self, slot):
+            raise RuntimeError("disk on fire")
+
+    t = TcpTransport()
+    address = t.serve({"broken": Broken(1 << 20)})
+    try:
+        with pytest.raises(TransportError, match=r"failed to read tier 'broken'.*disk on fire"):
+            client.fetch_remote(address, "broken", [slot_n(1)])
+    finally:
+        t.close()
+
+
+def test_refused_connection(client):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connecting is refused
+        with pytest.raises(TransportError, match=f"127.0.0.1:{port}: connection refused"):
+            client.fetch_remote(f"127.0.0.1:{port}", TIER, [slot_n(1)])
+
+
+def test_bad_address(client):
+    with pytest.raises(TransportError, match="bad address"):
+        client.fetch_remote("nowhere", TIER, [slot_n(1)])
+
+
+def test_silent_peer_times_out():
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # the kernel accepts for it; nobody ever answers
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        t = TcpTransport(timeout_s=0.2)
+        with pytest.raises(TransportError, match=r"timed out \(timeout_s=0.2\)"):
+            t.fetch_remote(address, TIER, [slot_n(1)])
+        with pytest.raises(TransportError, match=r"timed out \(timeout_s=0.1\)"):
+            t.fetch_remote(address, TIER, [slot_n(1)], timeout_s=0.1)
+        assert t.idle_connections(address) == 0
+        t.close()
+
+
+def test_caller_errors_send_nothing(client):
+    with pytest.raises(ValueError, match="slot of 1025 bytes"):
+        client.fetch_remote("127.0.0.1:1", TIER, [b"x" * 1025])
+    with pytest.raises(ValueError, match="tier name of 256 bytes"):
+        client.fetch_remote("127.0.0.1:1", "t" * 256, [slot_n(1)])
+
+
+def test_closed_transport_refuses_to_fetch(server):
+    t = TcpTransport()
+    t.close()
+    with pytest.raises(TransportError, match="closed"):
+        t.fetch_remote(server.address, TIER, [slot_n(1)])
+
+
+def answer(status, desc=b"", payload=b"", payload_len=None):
+    return struct.pack(">BIQ", status, len(desc), len(payload) if payload_len is None else payload_len) + desc + payload
+
+
+GOOD_PAYLOAD = b"abcdefgh" * 4
+GOOD = answer(1, json.dumps(to_dict(descriptor(slot_n(1), GOOD_PAYLOAD))).encode(), GOOD_PAYLOAD)
+BAD = {
+    "unknown status": (answer(7), False, "unknown answer status 7"),
+    "truncated frame": (GOOD[:-10], True, "closed the connection"),
+    "truncated head": (GOOD[:5], True, "closed the connection"),
+    "oversized payload": (answer(1, b"{}", payload_len=1 << 40), False, "payload of 1099511627776 bytes"),
+    "oversized descriptor": (struct.pack(">BIQ", 1, 1 << 31, 0), False, "descriptor of 2147483648 bytes"),
+    "payload on a miss": (answer(0, payload=b"xyz"), False, "with status 0"),
+    "descriptor not json": (answer(1, b"{not json", GOOD_PAYLOAD), False, "descriptor does not parse"),
+    "descriptor not valid": (answer(1, b'{"key": "zz"}', GOOD_PAYLOAD), False, "descriptor does not parse"),
+    "a miss, then garbage": (answer(0) + b"\xff" * 13, False, "unknown answer status 255"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_malformed_answers_raise_and_drop_the_connection(case):
+    data, close, message = BAD[case]
+    peer = FakePeer([(GOOD, False), (data, close), (GOOD, False)])
+    t = TcpTransport(timeout_s=10.0)
+    try:
+        # a healthy exchange first: that connection is pooled...
+        assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)])[0].payload) == GOOD_PAYLOAD
+        assert t.idle_connections(peer.address) == 1 and peer.accepted == 1
+        # ...then the malformed answer on it
+        slots = [slot_n(1), slot_n(2)] if case == "a miss, then garbage" else [slot_n(1)]
+        with pytest.raises(TransportError, match=message) as exc:
+            t.fetch_remote(peer.address, TIER, slots)
+        assert peer.address in str(exc.value)
+        assert t.idle_connections(peer.address) == 0  # closed, not pooled
+        # the next call cannot have reused it: the peer sees a new connection
+        assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)])[0].payload) == GOOD_PAYLOAD
+        assert peer.accepted == 2
+    finally:
+        t.close()
+        peer.close()
+
+
+def test_stale_pooled_connection_is_retried_once(store, client):
+    put(store, 1, 10)
+    first = TcpTransport()
+    address = first.serve({TIER: store})
+    port = int(address.rsplit(":", 1)[1])
+    assert client.fetch_remote(address, TIER, [slot_n(1)])[0] is not None
+    first.close()  # drops the pooled connection's other end
+    second = TcpTransport(port=port)  # a restarted peer on the same port
+    second.serve({TIER: store})
+    try:
+        assert client.fetch_remote(address, TIER, [slot_n(1)])[0] is not None
+    finally:
+        second.close()
+
+
+def test_pooled_connection_closed_before_answering_is_retried_on_a_fresh_one():
+    peer = FakePeer([(GOOD, False), (b"", True), (GOOD, False), (b"", True)])
+    t = TcpTransport(timeout_s=10.0)
+    try:
+        t.fetch_remote(peer.address, TIER, [slot_n(1)])
+        # the pooled connection passes the idle check, then the peer drops it without a byte: asked again, anew
+        assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)])[0].payload) == GOOD_PAYLOAD
+        assert peer.accepted == 2
+        t.close()
+        t = TcpTransport(timeout_s=10.0)
+        with pytest.raises(TransportError, match="closed the connection"):  # a fresh connection: no retry
+            t.fetch_remote(peer.address, TIER, [slot_n(1)])
+        assert peer.accepted == 3
+    finally:
+        t.close()
+        peer.close()
+
+
+# --------------------------------------------------------------------------------------------- the server
+
+
+REQUEST = struct.pack(">4sBHI", b"NXKT", 1, 4, 1) + b"dram" + struct.pack(">H", 17) + slot_n(1)
+MALFORMED = {
+    "bad magic": b"HTTP" + REQUEST[4:],
+    "bad version": REQUEST[:4] + b"\x02" + REQUEST[5:],
+    "tier too long": struct.pack(">4sBHI", b"NXKT", 1, 256, 0),
+    "too many slots": struct.pack(">4sBHI", b"NXKT", 1, 4, 65537) + b"dram",
+    "slot too long": struct.pack(">4sBHI", b"NXKT", 1, 4, 1) + b"dram" + struct.pack(">H", 1025),
+    "truncated": REQUEST[:-3],
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_request_closes_only_that_connection(case, store, server, client):
+    payload = put(store, 1, 10)
+    host, port = server.address.rsplit(":", 1)
+    with structlog.testing.capture_logs() as logs, socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(REQUEST)  # a well-formed request first: answered
+        head = b""
+        while len(head) < 13:
+            head += s.recv(13 - len(head))
+        assert head[0] == 1
+        s.settimeout(10)
+        s.sendall(MALFORMED[case])
+        if case == "truncated":
+            s.shutdown(socket.SHUT_WR)
+        rest = b""
+        while chunk := s.recv(1 << 16):  # the rest of the first answer, then EOF: the server closed it
+            rest += chunk
+        assert len(rest) == struct.unpack(">BIQ", head)[1] + len(payload)
+    assert any(e["event"] == "tcp_malformed_request" for e in logs)
+    check(client.fetch_remote(server.address, TIER, [slot_n(1)])[0], payload, slot_n(1))  # still serving
+
+
+def test_serve_once_close_idempotent_and_live_mapping(store):
+    payload = put(store, 1, 10)
+    tiers = {}
+    t = TcpTransport()
+    assert t.address is None
+    address = t.serve(tiers)
+    assert t.serve({}) == address == t.address and address.startswith("127.0.0.1:")
+    c = TcpTransport(timeout_s=10.0)
+    with pytest.raises(TransportError, match="no tier 'dram'"):
+        c.fetch_remote(address, TIER, [slot_n(1)])
+    tiers[TIER] = store  # added after serve(): served from the next request on
+    check(c.fetch_remote(address, TIER, [slot_n(1)])[0], payload, slot_n(1))
+    t.close()
+    t.close()
+    assert t.address is None
+    with pytest.raises(TransportError):
+        c.fetch_remote(address, TIER, [slot_n(1)])
+    c.close()
+    c.close()
+
+
+def test_advertised_address():
+    t = TcpTransport(advertise="node-7.example:7461")
+    assert t.serve({}) == "node-7.example:7461" == t.address
+    t.close()
+    with pytest.raises(ValueError, match="host:port"):
+        TcpTransport(advertise="node-7")
+
+
+def test_plugin_registers_tcp():
+    pm = PluginManager()
+    assert pm.transports()["tcp"] is TcpTransport
+    assert not [pr for pr in pm.problems if pr.plugin == "tcp"]
+    t = TcpTransport()
+    assert isinstance(t, Transport) and t.name == "tcp" and t.remote is True
+    t.close()
+
+
+# --------------------------------------------------------------------------------------------- a real peer process
+
+
+def test_peer_process_serves_then_dies(client):
+    proc = subprocess.Popen([sys.executable, str(PEER), json.dumps({"n": 5, "size": 3000})],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        hello = json.loads(proc.stdout.readline())
+        address = hello["address"]
+        got = client.fetch_remote(address, TIER, [slot_n(i) for i in range(7)])
+        for i in range(5):
+            check(got[i], payload_of(i, 3000), slot_n(i))
+        assert got[5:] == [None, None]
+        assert client.idle_connections(address) == 1
+        proc.kill()  # SIGKILL: no goodbye
+        proc.wait()
+        with pytest.raises(TransportError, match=address):
+            client.fetch_remote(address, TIER, [slot_n(0)])
+        assert client.idle_connections(address) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stdin.close()
+
+
+# --------------------------------------------------------------------------------------------- concurrency, properties
+
+
+def test_sixteen_threads_share_the_pool_without_cross_talk(store, server):
+    reference = {}
+    for i in range(64):
+        reference[slot_n(i)] = put(store, i, (i * 997) % 20_000)
+    missing = [slot_n(1000 + i) for i in range(8)]
+    everything = list(reference) + missing
+    client = TcpTransport(timeout_s=30.0, connections=8)
+    errors = []
+    start = threading.Barrier(16)
+
+    def worker(seed):
+        rng = random.Random(seed)
+        try:
+            start.wait()
+            for _ in range(200):
+                ask = rng.sample(everything, rng.randint(1, 6))
+                got = client.fetch_remote(server.address, TIER, ask)
+                for slot, g in zip(ask, got, strict=True):
+                    if slot in reference:
+                        assert g is not None and bytes(g.payload) == reference[slot], slot.hex()
+                        assert g.descriptor.key == slot[:-1].hex()
+                    else:
+                        assert g is None
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert 1 <= client.idle_connections(server.address) <= 8
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def shared():
+    store = DramStore(1 << 28, name=TIER)
+    server = TcpTransport()
+    server.serve({TIER: store})
+    client = TcpTransport(timeout_s=10.0)
+    yield store, server.address, client
+    client.close()
+    server.close()
+    store.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    stored=st.dictionaries(st.integers(0, 40), st.integers(0, 200_000), max_size=12),
+    asked=st.lists(st.integers(0, 40), max_size=30),
+)
+def test_property_random_slot_sets_round_trip_exactly(shared, stored, asked):
+    store, address, client = shared
+    store.close()  # empty it
+    for i, size in stored.items():
+        put(store, i, size)
+    got = client.fetch_remote(address, TIER, [slot_n(i) for i in asked])
+    assert len(got) == len(asked)
+    for i, g in zip(asked, got, strict=True):
+        if i in stored:
+            check(g, payload_of(i, stored[i]), slot_n(i))
+        else:
+            assert g is None
