@@ -34,6 +34,7 @@ def kernel_config(spec: dict[str, Any]) -> KernelConfig:
         "transports": ["local", "tcp"],
         "transport_options": {"tcp": {"host": spec.get("tcp_host", "127.0.0.1"), "timeout_s": 2.0}},
         "links": spec.get("links", {"measure": True, "min_samples": 3, "max_age_s": 2.0}),
+        "promote_on_hit": spec.get("promote_on_hit", True),
     })  # fmt: skip
 
 
@@ -51,9 +52,10 @@ class Node:
 
             model = build_model("dense", size=spec.get("model_size", "demo"))
             engine = Engine(model)
+            commit = spec.get("commit", True)
             for mode in ("nexuskv", "never"):
                 self.connectors[mode] = TransformersConnector(self.kernel, model, mode=mode, engine=engine,
-                                                              commit=mode == "nexuskv")  # fmt: skip
+                                                              commit=mode == "nexuskv" and commit)  # fmt: skip
 
     def _request(self, tokens: list[int], tenant: str, request_id: str) -> Request:
         if self.engine == "reference":

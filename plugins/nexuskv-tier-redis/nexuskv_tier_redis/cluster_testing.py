@@ -199,3 +199,57 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def shaped_link_flip(*, rate: str = "16mbit", engine: str = "reference", profile: str | None = None,
+                     tokens: Sequence[int], suffix: Callable[[int], list[int]], timeout_s: float = 60.0,
+                     log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:  # fmt: skip
+    """Node `far` in a namespace behind a tbf-shaped veth holds a prompt; node `near` serves it again and again.
+
+    Returns the actions `near` took in each phase (`fast`, `slowed` to `rate`, `recovered`) and `flip`: 1 when
+    it loaded from `far` while the link was fast, recomputed once the link was slowed, and loaded again after it
+    recovered, all decided by what `near` measured (nobody sets `bandwidth_scale`). `near` keeps nothing it
+    loads or computes, so every request asks the same question of the link.
+    """
+    ns = NetNS()
+    phases: dict[str, list[str]] = {"fast": [], "slowed": [], "recovered": []}
+    try:
+        # A longer lease: far's heartbeats share the shaped link with the payloads it sends.
+        with Cluster((), engine=engine, profile=profile, host=ns.host_ip, lease_ttl_s=3.0) as cluster:
+            cluster.start_node("far", prefix=ns.prefix(), tcp_host=ns.ns_ip)
+            cluster.start_node("near", promote_on_hit=False, commit=False)
+            cluster.call("far", "serve", tokens=list(tokens) + suffix(0))
+            cluster.call("far", "flush")
+            n = 0
+
+            def serve() -> str:
+                nonlocal n
+                n += 1
+                out = cluster.call("near", "serve", tokens=list(tokens) + suffix(n))
+                priced = any("would lose" in r or "does not beat" in r for r in out["reasons"])
+                action = ("load" if any(t == "tcp" for _, _, t in out["spans"]) else
+                          "recompute" if out["action"] == "recompute" and priced else
+                          f"{out['action']} (not priced: {'; '.join(out['reasons'])[:80]})")  # fmt: skip
+                log(f"  {action:<12} reused {out['reused']:>5}  ttft {out['ttft_ms']:7.1f} ms  {out['fallback']}")
+                return action
+
+            def phase(name: str, want: str) -> bool:
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < timeout_s:
+                    phases[name].append(serve())
+                    if phases[name][-1] == want and phases[name][-3:].count(want) >= 2:
+                        return True
+                return False
+
+            log("link unshaped")
+            fast = phase("fast", "load")
+            log(f"link shaped to {rate} (tbf)")
+            ns.shape(rate)
+            slowed = fast and phase("slowed", "recompute")
+            log("link unshaped again")
+            ns.shape(None)
+            recovered = slowed and phase("recovered", "load")
+            links = cluster.call("near", "stats")["links"]
+    finally:
+        ns.close()
+    return {"flip": int(bool(fast and slowed and recovered)), "phases": phases, "links": links}

@@ -26,7 +26,7 @@ PREFIX = "nexuskv/"
 
 def tokens(seed: int, n: int = 640) -> list[int]:
     """A prompt of `n` tokens (40 blocks of 16), different per seed."""
-    return [(seed * 7919 + i * 31) % 30000 + 3 for i in range(n)]
+    return [(seed * 7919 + i * 31) % 1990 + 3 for i in range(n)]
 
 
 def peers_in(plan: dict) -> set[str]:
@@ -151,3 +151,19 @@ def test_redis_killed_and_restarted_the_index_resyncs(cluster):
     until_planned_from(cluster, "b", prompt_a, "a", timeout_s=20)
     until_planned_from(cluster, "b", prompt_c, "c", timeout_s=20)
     assert cluster.call("b", "stats")["index"]["follow.resyncs"] >= 4  # a and c, before and after
+
+
+def test_a_shaped_link_flips_the_decision_to_recompute_and_back():
+    """The reference engine; `far` behind a veth shaped with tc tbf; `near` decides by what it measures."""
+    from nexuskv_tier_redis.cluster_testing import NetNS, shaped_link_flip
+
+    why = NetNS.available()
+    if why:
+        pytest.skip(why)
+    pytest.importorskip("nexuskv_transformers")
+    result = shaped_link_flip(tokens=tokens(9, 1024)[:1024], suffix=lambda i: tokens(100 + i, 32), timeout_s=60)
+    assert result["flip"] == 1, result["phases"]
+    assert result["phases"]["fast"][-1] == "load"
+    assert "recompute" in result["phases"]["slowed"]
+    assert result["phases"]["recovered"][-1] == "load"
+    assert result["links"]["peer:far"]["samples"] >= 3
