@@ -82,6 +82,20 @@ def test_estimates_answer_after_enough_samples_and_publish_plain_numbers():
         LinkEstimator(PRIOR, decay=1.0)
 
 
+def test_after_aging_one_look_decides_a_recovered_link_fast_a_slow_one_stays_slow():
+    mib = float(1 << 20)
+    for recovered in (True, False):
+        links = LinkEstimates(default_profile(), min_samples=1, max_age_s=0.05)
+        for _ in range(12):
+            links.observe("peer:x", mib, 0.100)  # 10 MB/s
+        assert links.get("peer:x").transfer_ms(mib) > 80
+        time.sleep(0.06)
+        assert links.get("peer:x") is None  # aged: the profile prices it, a load looks again
+        links.observe("peer:x", mib, 0.001 if recovered else 0.100)
+        got = links.get("peer:x").transfer_ms(mib)
+        assert (got < 20) if recovered else (got > 80), (recovered, got)
+
+
 def test_many_threads_observe_at_once():
     links = LinkEstimates(default_profile(), min_samples=1)
     errors: list[BaseException] = []

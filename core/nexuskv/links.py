@@ -12,8 +12,9 @@ in full and makes the samples from before it fade at once. The bandwidth is capp
 fitted line must not price large transfers as free). `LinkEstimates.get` answers only after
 `min_samples` samples, and forgets an estimate no sample refreshed for `max_age_s`: the profile prices the
 link then, so a link judged too slow to load from is tried again (and measured again) once its estimate is
-that old. Updates and reads are safe from many threads: each link has a lock, and readers take an immutable
-`LinkEstimate`.
+that old; the first sample after that counts in full and the samples before it fade at once (the link is
+looked at anew: a recovered link is believed after one load, a still-slow one stays priced slow). Updates and
+reads are safe from many threads: each link has a lock, and readers take an immutable `LinkEstimate`.
 """
 
 from __future__ import annotations
@@ -77,14 +78,22 @@ class LinkEstimator:
         latency = max((t0 - slope * s1) / s0, 0.0)
         return LinkEstimate(latency, 1e3 / slope, samples)
 
-    def observe(self, nbytes: float, seconds: float) -> LinkEstimate:
-        """Add one measured transfer and return the new estimate."""
+    def observe(self, nbytes: float, seconds: float, fresh: bool = False) -> LinkEstimate:
+        """Add one measured transfer and return the new estimate.
+
+        `fresh`: the estimate had aged out, and this is the first new look at the link: it counts in full (no
+        outlier guard) and the samples from before fade at once, as a confirmed change does.
+        """
         x, y = float(nbytes), seconds * 1e3
         if not (math.isfinite(x) and math.isfinite(y)):
             return self.estimate  # a broken measurement says nothing about the link
         with self._lock:
             current = self.estimate
-            if current.samples:
+            if fresh and current.samples:
+                self._sums = [v * 0.01 for v in self._sums]  # stale history: the new look all but decides
+                self._strikes = 0
+                self._scale = abs(y - current.transfer_ms(x))
+            elif current.samples:
                 predicted = current.transfer_ms(x)
                 limit = self.guard * max(self._scale, 0.01 * predicted, 1e-3)
                 residual = y - predicted
@@ -136,7 +145,8 @@ class LinkEstimates:
     def observe(self, name: str, nbytes: float, seconds: float) -> None:
         """Record that reading `nbytes` over link `name` took `seconds`."""
         if nbytes >= 0 and seconds >= 0:
-            self._estimator(name).observe(nbytes, seconds)
+            est = self._estimator(name)
+            est.observe(nbytes, seconds, fresh=time.monotonic() - est.updated > self.max_age_s)
 
     def get(self, name: str) -> LinkEstimate | None:
         """The link's estimate once it has `min_samples` samples (None before: the profile prices it)."""

@@ -160,15 +160,18 @@ class PluginManager:
 
     def first(self, hook_name: str, **kwargs: Any) -> Any:
         """Call a firstresult hook plugin by plugin; a plugin that raises is reported and skipped."""
+        failed: list[str] = []
         for impl in self._impls(hook_name):
             try:
                 got = impl.function(*(kwargs[a] for a in impl.argnames))
             except Exception as exc:
                 self._problem(impl.plugin_name, hook_name, f"{type(exc).__name__}: {exc}")
+                failed.append(f"{impl.plugin_name}: {type(exc).__name__}: {exc}")
                 continue
             if got is not None:
                 return got
-        raise PluginError(f"no plugin answered {hook_name} (all passed or failed; see plugin problems)")
+        why = f"; failed: {'; '.join(failed)}" if failed else " (all passed)"
+        raise PluginError(f"no plugin answered {hook_name}{why}")
 
     def notify(self, hook_name: str, **kwargs: Any) -> None:
         """Call an observer hook on every plugin; exceptions are logged and swallowed."""
