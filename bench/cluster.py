@@ -76,6 +76,7 @@ def remote_reuse(cluster: Cluster, rng: random.Random, docs: int = 6) -> tuple[f
         cluster.call(n, "flush")
     time.sleep(0.5)  # the index catches up (measured in the fault phase; not what this ratio is about)
     nx, never, counts = [], [], {"requests": 0, "loaded_from_peer": 0, "fallbacks": 0}
+    parts: dict[str, list[float]] = {}
     for i, doc in enumerate(texts):
         home = NODES[i % 3]
         for j, node in enumerate(n for n in NODES if n != home):
@@ -83,12 +84,16 @@ def remote_reuse(cluster: Cluster, rng: random.Random, docs: int = 6) -> tuple[f
             order = ("nexuskv", "never") if (i + j) % 2 else ("never", "nexuskv")
             got = {mode: cluster.call(node, "serve", tokens=prompt, mode=mode) for mode in order}
             nx.append(got["nexuskv"]["ttft_ms"])
+            for part, ms in got["nexuskv"].get("timings_ms", {}).items():
+                parts.setdefault(part, []).append(ms)
             never.append(got["never"]["ttft_ms"])
             counts["requests"] += 1
             counts["loaded_from_peer"] += any(t == "tcp" for _, _, t in got["nexuskv"]["spans"])
             counts["fallbacks"] += bool(got["nexuskv"]["fallback"])
     print(f"remote reuse: NexusKV mean TTFT {statistics.fmean(nx):.1f} ms (p90 {sorted(nx)[int(0.9 * len(nx))]:.1f}),"
           f" recompute {statistics.fmean(never):.1f} ms, over {counts}")  # fmt: skip
+    by_part = ", ".join(f"{k} {statistics.fmean(v):.1f}" for k, v in parts.items())
+    print(f"  NexusKV's TTFT by part (mean ms): {by_part}")
     return statistics.fmean(nx) / statistics.fmean(never), counts
 
 

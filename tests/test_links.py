@@ -175,7 +175,7 @@ def test_the_kernel_prices_by_what_it_measures_and_tries_again_when_estimates_ag
         assert k.plan(req).action == PlanAction.RECOMPUTE  # no load, so no sample: the slow estimate stands...
         monkeypatch.setattr(k.links, "max_age_s", 0.0)  # ...until it ages out: the profile prices dram again
         assert k.plan(req).action == PlanAction.MATERIALIZE
-        load(6)  # and the loads measure it again, fast now (a change is believed from its third sample)
+        load(6)  # and the loads measure it again, fast now (the first look after aging decides)
         monkeypatch.setattr(k.links, "max_age_s", 3600)
         assert k.links.get("dram").transfer_ms(32 * block) < 50
         assert k.plan(req).action == PlanAction.MATERIALIZE
@@ -185,7 +185,8 @@ def test_links_config_is_checked():
     from nexuskv import ConfigError
     from nexuskv.links import link_estimates
 
-    assert link_estimates({}, default_profile()) is None
+    assert link_estimates({}, default_profile()) is not None  # measured by default
+    assert link_estimates({"measure": False}, default_profile()) is None
     assert link_estimates({"measure": True, "decay": 0.8}, default_profile()).decay == 0.8
     with pytest.raises(ConfigError, match="unknown keys"):
         link_estimates({"measure": True, "decay_rate": 0.8}, default_profile())

@@ -71,7 +71,7 @@ class KernelConfig:
     breaker_cooldown_s: float = 5.0
     session_cache: int = 1024
     bandwidth_scale: dict[str, float] = field(factory=dict)
-    links: dict[str, Any] = field(factory=dict)  # [links] measure = true, decay = 0.9, min_samples = 8
+    links: dict[str, Any] = field(factory=dict)  # [links] measure = true (the default), decay = 0.9, min_samples = 8
     demote: bool = True
     promote_on_hit: bool = True  # a hit in a slower tier is copied to the tier the `place` rules choose
     eviction: str = field(default="cost", validator=attrs.validators.in_(("cost", "lru")))

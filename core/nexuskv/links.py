@@ -166,11 +166,11 @@ class LinkEstimates:
 
 
 def link_estimates(config: Mapping[str, object], profile: CostProfile) -> LinkEstimates | None:
-    """The `[links]` table of a kernel config: estimates when `measure = true` (also decay, min_samples, max_age_s)."""
+    """The `[links]` table of a kernel config: estimates unless `measure = false` (also decay, min_samples, max_age_s)."""
     unknown = set(config) - {"measure", "decay", "min_samples", "max_age_s"}
     if unknown:
         raise ConfigError(f"[links]: unknown keys {sorted(unknown)} (known: measure, decay, min_samples, max_age_s)")
-    if not config.get("measure", False):
+    if not config.get("measure", True):
         return None
     try:
         decay = float(config.get("decay", 0.9))  # type: ignore[arg-type]

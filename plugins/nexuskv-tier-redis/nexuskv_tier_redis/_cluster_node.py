@@ -72,7 +72,8 @@ class Node:
             return {"action": plan.action.value if plan else "prefill", "reused": out.tokens_reused,
                     "total": out.tokens_total, "ttft_ms": out.ttft_s * 1e3, "fallback": out.fallback,
                     "spans": [(s.tier, s.node, s.transport) for s in plan.spans] if plan else [],
-                    "reasons": list(plan.reasons) if plan else []}  # fmt: skip
+                    "reasons": list(plan.reasons) if plan else [],
+                    "timings_ms": {k.removesuffix("_s"): v * 1e3 for k, v in out.timings.items()}}  # fmt: skip
         return self._serve_synthetic(req)
 
     def _serve_synthetic(self, req: Request) -> dict[str, Any]:
