@@ -171,3 +171,46 @@ def test_close_waits_for_a_beat_that_is_joining():
     time.sleep(0.15)
     m.close()
     assert plane.members() == {}  # no ghost registered after leaving
+
+
+def test_a_renewal_that_answers_a_whole_ttl_late_rejoins():
+    class HangingKeepalive(EmbeddedControlPlane):  # fault injection: the call hangs while the plane is away
+        hang_s = 0.0
+
+        def keepalive(self, lease_id):
+            time.sleep(self.hang_s)
+            return super().keepalive(lease_id)
+
+    plane = HangingKeepalive()
+    m = Membership(plane, "n1", lease_ttl_s=0.2)
+    try:
+        m.stop()
+        first = m.epoch
+        m._seen = time.monotonic()
+        plane.hang_s = 0.3  # longer than the lease: the renewal cannot vouch for the time between
+        m._tick()
+        assert m.epoch > first and m.ok()
+    finally:
+        m.close()
+
+
+def test_listeners_hear_every_renewal_and_rejoin_gives_a_new_epoch():
+    plane = EmbeddedControlPlane()
+    m = Membership(plane, "n1", lease_ttl_s=60.0)
+    heard: list[int] = []
+    try:
+        m.stop()
+        m.listen(lambda epoch, renewed_at: heard.append(epoch))
+        assert heard == [m.epoch]  # told at once: the node is already in
+        m.listen(lambda epoch, renewed_at: 1 / 0)  # a listener that raises is logged, never fatal
+        m._tick()
+        assert heard == [m.epoch, m.epoch]
+        first = m.epoch
+        m.rejoin()
+        m._tick()
+        assert m.epoch > first and heard[-1] == m.epoch and m.ok()
+        m._tick()
+        assert m.epoch == heard[-1]  # one rejoin per request, not on every beat
+        assert m.peer_status("n2") is None  # the embedded plane has no cluster view
+    finally:
+        m.close()

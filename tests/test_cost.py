@@ -258,3 +258,24 @@ def test_deeper_blocks_are_worth_more(depth):
 def test_value_per_byte_formula():
     saved = MODEL.recompute_ms(64) - MODEL.recompute_ms(48)
     assert MODEL.value_per_byte(64, 16, hits=2) == pytest.approx(saved * 3 / (16 * MODEL.bytes_per_token))
+
+
+def test_a_peers_state_costs_its_tier_and_the_transport_until_measured_then_what_was_measured():
+    from nexuskv.links import LinkEstimates
+
+    cost = CostModel(default_profile(), links=LinkEstimates(default_profile(), min_samples=2))
+    tcp = default_profile().transports["tcp"]
+    mib = float(1 << 20)
+    by_profile = cost.transfer_ms(mib, "dram") + tcp.latency_ms + mib / tcp.bandwidth_bytes_per_s * 1e3
+    assert cost.remote_ms(mib, "dram", "n2", transport="tcp") == pytest.approx(by_profile)
+    # a tier this node does not have: the transport alone
+    tape = cost.remote_ms(mib, "tape", "n2", transport="tcp")
+    assert tape == pytest.approx(by_profile - cost.transfer_ms(mib, "dram"))
+    for _ in range(30):
+        cost.links.observe("peer:n2", mib, 0.1)  # 10 MB/s, end to end
+    assert cost.remote_ms(mib, "dram", "n2", transport="tcp") == pytest.approx(100, rel=0.05)
+    assert cost.remote_ms(mib, "dram", "n2", transport="tcp", bandwidth_scale={"peer:n2": 0.5}) == \
+        pytest.approx(200, rel=0.05)  # fmt: skip
+    assert cost.remote_ms(0, "dram", "n2", transport="tcp") == 0.0
+    with pytest.raises(KeyError, match="no tier or transport 'rdma'"):
+        CostModel(default_profile()).remote_ms(mib, "dram", "n2", transport="rdma")

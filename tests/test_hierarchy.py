@@ -138,3 +138,22 @@ def test_reindex_refuses_a_tier_that_is_not_persistent(build):
     h = build({"dram": {"store": "dram"}})
     with pytest.raises(ConfigError, match="not a persistent tier"):
         h.reindex("dram")
+
+
+def test_transport_options_reach_the_factory_and_mistakes_are_config_errors(build):
+    dram = {"dram": {"store": "dram", "capacity_bytes": "1MiB"}}
+    with pytest.raises(ConfigError, match=r"transport_options: \['tcp'\] not in transports"):
+        build(dram, transport_options={"tcp": {"host": "127.0.0.1"}})
+    with pytest.raises(ConfigError, match=r"transport_options.local: .*takes no arguments"):
+        build(dram, transport_options={"local": {"speed": 1}})
+    h = build(dram)
+    assert h.remote == "" and h.addresses == {}  # no transport reaches other nodes: only local state is planned
+
+
+def test_only_this_nodes_entries_in_a_private_tier_are_forgotten_on_a_miss(build):
+    h = build({"dram": {"store": "dram", "capacity_bytes": "1MiB"}})
+    key = keys(1)[0]
+    h.index.insert(key, Location("dram", "n2", 1), 1)  # a peer's entry, from the cluster index
+    h.index.insert(key, Location("dram", "n1", 1), 1)  # ours, but the tier no longer has it
+    assert h.load(key, tier="dram") is None
+    assert h.index.get(key).mask_at("dram", "n2") == 1 and not h.index.get(key).mask_at("dram", "n1")

@@ -6,7 +6,10 @@ import json
 import random
 import threading
 
-from nexuskv import Kernel, KernelConfig, LoadReport, PlanAction, slot_of
+import attrs
+
+from nexuskv import Kernel, KernelConfig, LoadReport, Location, PlanAction, hookimpl, slot_of
+from nexuskv.plugins import PluginManager
 from tests.conftest import SECRET, make_request
 
 
@@ -82,8 +85,6 @@ def test_a_reported_timeout_opens_the_tiers_breaker_and_says_where_to_recompute_
 
 from pathlib import Path  # noqa: E402
 
-import attrs  # noqa: E402
-
 from nexuskv import ModelIdentity, Namespace, Plan, from_dict, to_dict  # noqa: E402
 
 POLICIES = str(Path(__file__).resolve().parents[1] / "policies")
@@ -148,3 +149,95 @@ def test_a_plan_survives_json_but_not_another_deployment():
         got = other.materialize(plan, req)
         assert got.tokens == 0 and "MAC does not check" in got.reason
         assert not k.materialize(attrs.evolve(plan, tokens_reused=32), req).states  # any change breaks the MAC
+
+
+# ------------------------------------------------------------------------------------------------ a peer's state
+
+
+class InProcessPeers:
+    """A remote transport to kernels of this process (address = node name); `fault` injects what a network does."""
+
+    name = "tcp"
+    remote = True
+
+    def __init__(self) -> None:
+        self.peers: dict[str, Kernel] = {}
+        self.fault = ""  # "", "down" (the peer cannot be reached) or "corrupt" (a payload changed on the way)
+
+    def fetch(self, store, slot):
+        return store.get(slot)
+
+    def fetch_remote(self, address, tier, slots, timeout_s=None):
+        if self.fault == "down":
+            raise ConnectionError(f"{address}: connection refused")
+        got = [self.peers[address].tiers[tier].get(s) for s in slots]
+        if self.fault == "corrupt" and got and got[-1] is not None:
+            got[-1] = attrs.evolve(got[-1], payload=b"x" + bytes(got[-1].payload)[1:])
+        return got
+
+    def close(self) -> None:
+        pass
+
+
+def two_nodes(monkeypatch):
+    """Node n2 holds a request's state; node n1 knows it (its index) and reaches n2 through `InProcessPeers`."""
+    mover = InProcessPeers()
+
+    class Plugin:
+        @hookimpl
+        def nexuskv_register_transports(self, register):
+            register("tcp", lambda: mover)
+
+    pm = PluginManager({}, entry_points=False)
+    pm.register(Plugin(), "peers")
+    tiers = {"dram": {"store": "dram", "capacity_bytes": "64MiB"}}
+    a = Kernel(KernelConfig(node="n1", deadline_ms=60_000.0, tiers=tiers, transports=("local", "tcp")),
+               plugins=pm, secret=SECRET)  # fmt: skip
+    b = Kernel(KernelConfig(node="n2", tiers=tiers), secret=SECRET)
+    mover.peers["n2"] = b
+    monkeypatch.setattr(a.membership, "peer_status", lambda node: {"addresses": {"tcp": node}})
+    req = make_request(range(16 * 8))
+    keys = b.keys(req)
+    payloads = [random.Random(i).randbytes(512) for i in range(len(keys))]
+    b.commit(req, payloads, keys=keys)
+    assert b.flush(10)
+    for key in keys:  # what n1's cluster index would have learnt
+        a.index.insert(key, Location("dram", "n2", b.epoch), 1)
+    return a, b, mover, req, keys, payloads
+
+
+def test_a_peers_state_is_fetched_verified_measured_and_kept_here(monkeypatch):
+    a, b, _, req, keys, payloads = two_nodes(monkeypatch)
+    with a, b:
+        plan = a.plan(req, keys=keys)
+        assert [(s.node, s.transport) for s in plan.spans] == [("n2", "tcp")]
+        got = a.materialize(plan, req, keys=keys)
+        assert got.complete and [bytes(got.states[(i, 0)].payload) for i in range(len(keys))] == payloads
+        assert a.links.snapshot()["peer:n2"]["samples"] == 1
+        assert a.flush(10)
+        assert all(a.index.get(k).mask_at("dram", "n1") for k in keys)  # promoted: the next plan reads here
+        assert a.plan(req, keys=keys).spans[0].node == "n1"
+
+
+def test_an_unreachable_peer_means_recompute_and_counts_on_its_own_breaker(monkeypatch):
+    a, b, mover, req, keys, _ = two_nodes(monkeypatch)
+    with a, b:
+        mover.fault = "down"
+        plan = a.plan(req, keys=keys)
+        got = a.materialize(plan, req, keys=keys)  # never raises
+        assert got.blocks == 0 and got.states == {} and "peer:n2 failed" in got.reason
+        assert a.health.breaker("peer:n2").failures >= 1
+        assert a.health.breaker("dram").failures == 0  # this node's tier did nothing wrong
+
+
+def test_a_payload_changed_on_the_way_is_refused_and_forgotten(monkeypatch):
+    a, b, mover, req, keys, payloads = two_nodes(monkeypatch)
+    with a, b:
+        mover.fault = "corrupt"
+        plan = a.plan(req, keys=keys)
+        got = a.materialize(plan, req, keys=keys)
+        last = len(keys) - 1
+        assert got.blocks == last and (last, 0) not in got.states  # stops at the bad block, never returns it
+        assert [bytes(got.states[(i, 0)].payload) for i in range(last)] == payloads[:last]
+        assert a.index.get(keys[last]) is None or not a.index.get(keys[last]).mask_at("dram", "n2")
+        assert b.tiers["dram"].get(slot_of(keys[last])) is not None  # nothing is deleted on the peer

@@ -108,6 +108,63 @@ def test_local_copies_are_preferred_over_remote_ones():
     assert cands[-1].sources == ((0, 3, "dram", "n2"),)
 
 
+def peer_planner(health=None, shared=(), links=None):
+    return Planner(CostModel(default_profile(), links=links), health or Health(), TIERS, remote_transport="tcp",
+                   shared_tiers=shared)  # fmt: skip
+
+
+def test_a_peers_state_is_planned_only_with_a_transport_to_it_and_priced_over_that_link():
+    req, keys, idx = setup([[("dram", "n2", 1)]] * 8)
+    match = idx.match(keys, req.layout)
+    assert [c.blocks for c in make_planner().candidates(req, match, node="n1")] == [0]  # no way to reach n2
+    planner = peer_planner()
+    cands = planner.candidates(req, match, node="n1")
+    assert cands[-1].sources == ((0, 8, "dram", "n2"),)
+    nbytes = 8 * PAGE * planner.cost.bytes_per_token
+    assert cands[-1].t_transfer_ms == pytest.approx(planner.cost.remote_ms(nbytes, "dram", "n2", transport="tcp"))
+    tcp = default_profile().transports["tcp"]  # not measured yet: the profile's tier cost plus the transport's
+    assert cands[-1].t_transfer_ms == pytest.approx(planner.cost.transfer_ms(nbytes, "dram") + tcp.latency_ms
+                                                    + nbytes / tcp.bandwidth_bytes_per_s * 1e3)  # fmt: skip
+    plan = plan_of(planner, req, keys, idx).plan
+    assert plan.action == PlanAction.MATERIALIZE
+    assert [(s.node, s.transport) for s in plan.spans] == [("n2", "tcp")]
+
+
+def test_a_peer_whose_link_breaker_is_open_is_not_planned_on():
+    health = Health(threshold=1)
+    req, keys, idx = setup([[("dram", "n2", 1), ("disk", "n3", 1)]] * 4)
+    health.breaker("peer:n2").failure("refused", severe=True)
+    cands = peer_planner(health).candidates(req, idx.match(keys, req.layout), node="n1")
+    assert cands[-1].sources == ((0, 4, "disk", "n3"),)
+
+
+def test_a_measured_slow_peer_turns_reuse_into_recompute():
+    from nexuskv.links import LinkEstimates
+
+    links = LinkEstimates(default_profile(), min_samples=1)
+    for _ in range(10):
+        links.observe("peer:n2", 1 << 20, 1.0)  # 1 MB/s
+    req, keys, idx = setup([[("dram", "n2", 1)]] * 32)
+    plan = plan_of(peer_planner(links=links), req, keys, idx).plan
+    assert plan.action == PlanAction.RECOMPUTE
+    assert any("would lose" in r for r in plan.reasons)
+
+
+def test_another_nodes_state_in_a_shared_tier_is_read_in_place():
+    req, keys, idx = setup([[("disk", "n2", 1)]] * 4)  # a host-wide tier another process wrote
+    planner = peer_planner(shared=("disk",))
+    plan = plan_of(planner, req, keys, idx).plan
+    assert [(s.tier, s.node, s.transport) for s in plan.spans] == [("disk", "n2", "local")]
+    assert plan.predicted.t_transfer_ms == pytest.approx(
+        planner.cost.transfer_ms(4 * PAGE * planner.cost.bytes_per_token, "disk", transport="local"))
+
+
+def test_no_prefetch_is_proposed_for_a_peers_state():
+    req, keys, idx = setup([[("disk", "n2", 1)]] * 16)
+    plan = plan_of(peer_planner(), req, keys, idx, prefetch_target="dram").plan
+    assert plan.prefetch == ()
+
+
 def test_tiers_outside_the_planner_order_are_ignored():
     req, keys, idx = setup(["tape"] * 4)
     cands = make_planner().candidates(req, idx.match(keys, req.layout), node="n1")
