@@ -166,7 +166,7 @@ class LinkEstimates:
 
 
 def link_estimates(config: Mapping[str, object], profile: CostProfile) -> LinkEstimates | None:
-    """The `[links]` table of a kernel config: estimates unless `measure = false` (also decay, min_samples, max_age_s)."""
+    """The `[links]` table of a kernel config: estimates unless `measure = false` (decay, min_samples, max_age_s)."""
     unknown = set(config) - {"measure", "decay", "min_samples", "max_age_s"}
     if unknown:
         raise ConfigError(f"[links]: unknown keys {sorted(unknown)} (known: measure, decay, min_samples, max_age_s)")
