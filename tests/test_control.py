@@ -214,3 +214,19 @@ def test_listeners_hear_every_renewal_and_rejoin_gives_a_new_epoch():
         assert m.peer_status("n2") is None  # the embedded plane has no cluster view
     finally:
         m.close()
+
+
+def test_a_rejoin_asked_for_is_tried_again_until_a_join_succeeds():
+    plane = FlakyPlane()
+    m = Membership(plane, "n1", lease_ttl_s=60.0)
+    try:
+        m.stop()
+        first = m.epoch
+        m.rejoin()
+        plane.down = True  # the join fails...
+        m._tick()
+        plane.down = False
+        m._tick()  # ...so the next beat joins, rather than renewing the old lease
+        assert m.epoch > first and m.ok()
+    finally:
+        m.close()

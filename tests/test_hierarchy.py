@@ -157,3 +157,24 @@ def test_only_this_nodes_entries_in_a_private_tier_are_forgotten_on_a_miss(build
     h.index.insert(key, Location("dram", "n1", 1), 1)  # ours, but the tier no longer has it
     assert h.load(key, tier="dram") is None
     assert h.index.get(key).mask_at("dram", "n2") == 1 and not h.index.get(key).mask_at("dram", "n1")
+
+
+def test_a_transport_that_reaches_other_nodes_cannot_come_first(build):
+    class Peers:
+        name, remote = "tcp", True
+
+        def fetch(self, store, slot):
+            return store.get(slot)
+
+        def close(self):
+            pass
+
+    config = KernelConfig(node="n1", transports=("tcp", "local"))
+    membership = Membership(EmbeddedControlPlane(), "n1", 10.0)
+    pm = PluginManager({}, entry_points=False)
+    try:
+        with pytest.raises(ConfigError, match="the first transport reads this node's own tiers"):
+            Hierarchy(config, (pm.tier_stores(), {**pm.transports(), "tcp": Peers}), DictIndex(), CostModel(),
+                      Health(), membership)  # fmt: skip
+    finally:
+        membership.close()

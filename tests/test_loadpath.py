@@ -241,3 +241,16 @@ def test_a_payload_changed_on_the_way_is_refused_and_forgotten(monkeypatch):
         assert [bytes(got.states[(i, 0)].payload) for i in range(last)] == payloads[:last]
         assert a.index.get(keys[last]) is None or not a.index.get(keys[last]).mask_at("dram", "n2")
         assert b.tiers["dram"].get(slot_of(keys[last])) is not None  # nothing is deleted on the peer
+
+
+def test_a_connector_reporting_a_peers_block_corrupt_blames_the_peer_link_not_a_tier_here(monkeypatch):
+    a, b, _, req, keys, _ = two_nodes(monkeypatch)
+    with a, b:
+        plan = a.plan(req, keys=keys)
+        start = a.report_load_result(plan, LoadReport(ok=False, failed_block=3, reason="bad tensor", corrupt=True),
+                                     keys=keys)  # fmt: skip
+        assert start == 3 * 16
+        assert a.health.breaker("peer:n2").failures >= 1 and a.health.breaker("dram").failures == 0
+        held = a.index.get(keys[3])
+        assert held is None or not held.mask_at("dram", "n2")  # n2's entry left this node's index
+        assert b.tiers["dram"].get(slot_of(keys[3])) is not None  # and nothing was deleted on n2

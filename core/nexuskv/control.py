@@ -68,8 +68,9 @@ class Membership:
         renews (a restarted etcd extends every lease): its later writes carry a token above the old one.
         """
         try:
-            lapsed = time.monotonic() - self._seen >= self.lease_ttl_s or self._rejoin.is_set()
-            self._rejoin.clear()
+            sent = time.monotonic()  # a renewal counts from when it was asked for: the lease ends no earlier
+            asked = self._rejoin.is_set()
+            lapsed = sent - self._seen >= self.lease_ttl_s or asked
             renewed = not lapsed and self.lease is not None and self.plane.keepalive(self.lease.lease_id)
             # A renewal that answered a whole TTL after the last one (the call hung while the plane was away)
             # does not vouch for the time between: the lease may have lapsed somewhere. Join again.
@@ -78,9 +79,12 @@ class Membership:
                 if lapsed and self.lease is not None:
                     with contextlib.suppress(Exception):
                         self.plane.revoke(self.lease.lease_id)
+                sent = time.monotonic()
                 self._join()  # a new lease, and with it a new fencing token
+                if asked:
+                    self._rejoin.clear()  # only once a join succeeded: a failed one is tried again
                 log.info("joined the control plane", node=self.node, epoch=self.epoch)
-            self._seen = time.monotonic()
+            self._seen = sent
             self._error = ""
             self._publish()
         except Exception as exc:

@@ -53,14 +53,19 @@ class Hierarchy:
                 log.warning("tier has no cost in the profile; plans will not read from it", tier=t)
         known.sort(key=lambda t: (-cost.profile.tiers[t].bandwidth_bytes_per_s, t))
         self.tier_order = tuple(known)
-        # Tiers that hold other nodes' payloads too (host-wide, or a server): read here, never fetched from a peer.
-        self.shared_tiers = tuple(n for n, st in self.tiers.items() if isinstance(st, PersistentTierStore))
+        # Tiers that hold other nodes' payloads too (a host-wide shm tier, a Redis server), as their stores declare
+        # (`shared = True`): read here, never fetched from a peer. A disk tier is this node's own.
+        self.shared_tiers = tuple(n for n, st in self.tiers.items() if getattr(st, "shared", False) is True)
         self.remote = self._remote_transport()
         self.addresses: dict[str, str] = {}  # transport -> address this node serves its tiers on (for peers)
         for name, mover in self.transports.items():
             serve = getattr(mover, "serve", None)
             if callable(serve):
-                self.addresses[name] = serve(self.tiers)
+                try:
+                    self.addresses[name] = serve(self.tiers)
+                except Exception as exc:
+                    raise ConfigError(f"transport_options.{name}: cannot serve this node's tiers: "
+                                      f"{type(exc).__name__}: {exc}") from None  # fmt: skip
                 log.info("serving tiers to peers", transport=name, address=self.addresses[name])
 
     def _remote_transport(self) -> str:
@@ -116,8 +121,12 @@ class Hierarchy:
         for name in self.config.transports:
             try:
                 out[name] = factories[name](**self.config.transport_options.get(name, {}))
-            except TypeError as exc:
-                raise ConfigError(f"transport_options.{name}: {exc}") from None
+            except Exception as exc:
+                raise ConfigError(f"transport_options.{name}: {type(exc).__name__}: {exc}") from None
+        first = self.config.transports[0]
+        if getattr(out[first], "remote", False) is True:
+            raise ConfigError(f"transports: the first transport reads this node's own tiers; {first!r} reaches other "
+                              f"nodes (list it after 'local': {['local', *self.config.transports]})")  # fmt: skip
         return out
 
     def reindex(self, tier: str) -> int:
@@ -255,8 +264,8 @@ class Hierarchy:
             return got
         return None
 
-    def load_peer(self, node: str, tier: str, transport: str,
-                  blocks: list[tuple[bytes, int]]) -> list[StoredState | None]:  # fmt: skip
+    def load_peer(self, node: str, tier: str, transport: str, blocks: list[tuple[bytes, int]],
+                  timeout_s: float | None = None) -> list[StoredState | None]:  # fmt: skip
         """Fetch (key, group) payloads held in `tier` on peer `node`, each checksum verified (None: not usable).
 
         The peer's address is what it published to the control plane. A payload that is missing, not the
@@ -267,19 +276,24 @@ class Hierarchy:
         address = (status.get("addresses") or {}).get(transport)
         if not address:
             raise LookupError(f"node {node!r} has published no {transport} address")
-        got = self.transports[transport].fetch_remote(address, tier, [slot_of(k, g) for k, g in blocks])  # type: ignore[attr-defined]
+        got = self.transports[transport].fetch_remote(address, tier, [slot_of(k, g) for k, g in blocks],  # type: ignore[attr-defined]
+                                                      timeout_s=timeout_s)  # fmt: skip
         out: list[StoredState | None] = []
         for (key, group), st in zip(blocks, got, strict=True):
             desc = st.descriptor if st is not None else None
             if st is None or desc is None or desc.key != key.hex() or not checksum_known(desc.checksum) or \
                     not verify_checksum(st.payload, desc.checksum):  # fmt: skip
-                self._unindex(key, group, tier, node=node)
+                self.forget_peer(key, group, tier, node)
                 log.warning("peer state refused", node=node, tier=tier, key=key.hex(), group=group,
                             why="missing" if st is None else "not the block's or checksum mismatch")  # fmt: skip
                 out.append(None)
             else:
                 out.append(st)
         return out
+
+    def forget_peer(self, key: bytes, group: int, tier: str, node: str) -> int:
+        """Drop peer `node`'s entry for a block group in `tier` from this node's index (its payload was bad)."""
+        return self._unindex(key, group, tier, node=node)
 
     def _forget(self, key: bytes, group: int, tier: str, store: TierStore) -> None:
         """Drop the index entries of a slot `tier` turned out not to hold (unless it was stored again since)."""

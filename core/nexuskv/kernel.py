@@ -92,6 +92,10 @@ class Kernel:
             bind(self)
         if self.hierarchy.addresses:
             self.membership.publish_now()  # peers learn where to fetch from without waiting for a heartbeat
+            loopback = {t: a for t, a in self.hierarchy.addresses.items() if a.startswith(("127.", "localhost"))}
+            if loopback and getattr(self.control, "view", None) is not None:
+                log.warning("serving tiers on a loopback address: peers on other machines cannot reach it "
+                            "(set transport_options.<name>.host or advertise)", addresses=loopback)  # fmt: skip
         log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
                  policies=self.policies.tenants() if self.policies else [],
                  plugin_problems=len(self.plugins.problems))  # fmt: skip

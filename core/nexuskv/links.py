@@ -78,17 +78,18 @@ class LinkEstimator:
         latency = max((t0 - slope * s1) / s0, 0.0)
         return LinkEstimate(latency, 1e3 / slope, samples)
 
-    def observe(self, nbytes: float, seconds: float, fresh: bool = False) -> LinkEstimate:
+    def observe(self, nbytes: float, seconds: float, max_age_s: float | None = None) -> LinkEstimate:
         """Add one measured transfer and return the new estimate.
 
-        `fresh`: the estimate had aged out, and this is the first new look at the link: it counts in full (no
-        outlier guard) and the samples from before fade at once, as a confirmed change does.
+        When the estimate is older than `max_age_s`, this is a first new look at the link: it counts in full (no
+        outlier guard) and the samples from before fade at once.
         """
         x, y = float(nbytes), seconds * 1e3
         if not (math.isfinite(x) and math.isfinite(y)):
             return self.estimate  # a broken measurement says nothing about the link
         with self._lock:
             current = self.estimate
+            fresh = max_age_s is not None and time.monotonic() - self.updated > max_age_s
             if fresh and current.samples:
                 self._sums = [v * 0.01 for v in self._sums]  # stale history: the new look all but decides
                 self._strikes = 0
@@ -146,7 +147,7 @@ class LinkEstimates:
         """Record that reading `nbytes` over link `name` took `seconds`."""
         if nbytes >= 0 and seconds >= 0:
             est = self._estimator(name)
-            est.observe(nbytes, seconds, fresh=time.monotonic() - est.updated > self.max_age_s)
+            est.observe(nbytes, seconds, max_age_s=self.max_age_s)
 
     def get(self, name: str) -> LinkEstimate | None:
         """The link's estimate once it has `min_samples` samples (None before: the profile prices it)."""
@@ -162,7 +163,7 @@ class LinkEstimates:
         return {name: {"latency_ms": round(e.estimate.latency_ms, 6),
                        "bandwidth_bytes_per_s": round(e.estimate.bandwidth_bytes_per_s, 1),
                        "samples": e.estimate.samples}
-                for name, e in sorted(self._links.items())}  # fmt: skip
+                for name, e in sorted(dict(self._links).items())}  # fmt: skip (a copy: links are added meanwhile)
 
 
 def link_estimates(config: Mapping[str, object], profile: CostProfile) -> LinkEstimates | None:

@@ -105,11 +105,12 @@ class LoadPath:
             for b in range(span.start // page, span.end // page):
                 need = paged | (ckpt if b == last - 1 else 0)
                 jobs.extend((b, g) for g in range(len(request.layout.groups)) if need & (1 << g))
-            peer = span.transport == self.hierarchy.remote and bool(span.transport) and span.node != self.config.node
-            # A peer's span is judged by the link to that peer; this node's tier breakers stay out of it.
-            source = peer_link(span.node) if peer else span.tier
-            load = self._load_peer if peer else self._load_many
-            future = self._loader.submit(load, keys, jobs, span)
+            source = self._source(span)  # a peer's span is judged by the link to that peer, not by a tier here
+            peer = source != span.tier
+            if peer:  # the fetch itself gives up with the load: a hung peer must not hold loader threads
+                future = self._loader.submit(self._load_peer, keys, jobs, span, limit / 1e3)
+            else:
+                future = self._loader.submit(self._load_many, keys, jobs, span)
             try:
                 got, bad = future.result(timeout=limit / 1e3)
             except concurrent.futures.TimeoutError:
@@ -164,11 +165,12 @@ class LoadPath:
             links.observe(tier if transport == "local" else transport, nbytes, time.perf_counter() - started)
         return got, None
 
-    def _load_peer(self, keys: Sequence[bytes], jobs: list[tuple[int, int]],
-                   span: PlanSpan) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
+    def _load_peer(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], span: PlanSpan,
+                   timeout_s: float) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
         """A peer's span: every block in one pipelined fetch, timed as one sample of the link to that peer."""
         started = time.perf_counter()
-        answers = self.hierarchy.load_peer(span.node, span.tier, span.transport, [(keys[b], g) for b, g in jobs])
+        answers = self.hierarchy.load_peer(span.node, span.tier, span.transport, [(keys[b], g) for b, g in jobs],
+                                           timeout_s=timeout_s)  # fmt: skip
         elapsed = time.perf_counter() - started
         got: _States = {}
         for (b, g), st in zip(jobs, answers, strict=True):
@@ -179,6 +181,12 @@ class LoadPath:
         if links is not None and got:
             links.observe(peer_link(span.node), sum(len(st.payload) for st in got.values()), elapsed)
         return got, None
+
+    def _source(self, span: PlanSpan) -> str:
+        """What a span's failures count against: `peer:<node>` for a span fetched from a peer, else its tier."""
+        remote = self.hierarchy.remote
+        return peer_link(span.node) if remote and span.transport == remote and span.node != self.config.node \
+            else span.tier  # fmt: skip
 
     def _partial(self, plan: Plan, states: _States, first_bad: int, page: int, reason: str) -> Materialized:
         keep = {k: v for k, v in states.items() if k[0] < first_bad}
@@ -193,17 +201,25 @@ class LoadPath:
         Success closes the breakers of the tiers read; a failure counts against the tier's breaker (a timeout or
         corrupt data opens it at once) and corrupt data is quarantined so no later plan uses it.
         """
-        tiers = {s.tier for s in plan.spans}
+        sources = {self._source(s) for s in plan.spans}  # a peer's span is judged by the link to that peer
         if report.ok:
-            for t in tiers:
-                self.health.breaker(t).success()
+            for src in sources:
+                self.health.breaker(src).success()
             return plan.tokens_reused
-        tier = report.tier or (next(iter(tiers)) if len(tiers) == 1 else "")
-        if tier:
-            self.health.breaker(tier).failure(report.reason or "load failed", severe=report.corrupt or report.timeout)
         block = report.failed_block if report.failed_block is not None else 0
+        page = self.keys.page_size
+        at = next((s for s in plan.spans if s.start // page <= block < s.end // page), None)
+        peer = at is not None and self._source(at) != at.tier
+        tier = report.tier or (at.tier if at is not None else next(iter(sources)) if len(sources) == 1 else "")
+        source = self._source(at) if peer and at is not None else tier
+        if source:
+            self.health.breaker(source).failure(report.reason or "load failed",
+                                                severe=report.corrupt or report.timeout)  # fmt: skip
         if report.corrupt and keys is not None and block < len(keys) and tier:
-            self.hierarchy.quarantine(keys[block], group, tier, reason=report.reason or "reported corrupt by connector")
+            if peer and at is not None:  # nothing to delete here: the peer's entry leaves this node's index
+                self.hierarchy.forget_peer(keys[block], group, tier, at.node)
+            else:
+                self.hierarchy.quarantine(keys[block], group, tier, reason=report.reason or "reported corrupt")
         log.warning("load failed; recompute from the last good block", request_id=plan.request_id,
                     tenant=plan.tenant, tier=tier, block=block, reason=report.reason)  # fmt: skip
         return min(plan.tokens_reused, block * self.keys.page_size)

@@ -12,13 +12,14 @@ random token of this registration. Keys, for node N under prefix P:
 - `P idx:nodes`    = set of every node that ever registered.
 
 `REGISTER` accepts only an epoch above the fence, so a node that was fenced out (its lease expired and it
-rejoined, or another process took its name) can never write again with the old epoch: `PUBLISH` and `RENEW`
-compare the stored ident with the writer's and refuse with `STALE` when they differ, server side.
+rejoined, or another process took its name) can never write again with the old epoch: `PUBLISH`, `RENEW` and
+`RESET` (the live registration starting over, same epoch, new token) compare the stored ident with the writer's
+and refuse with `STALE` when they differ, server side.
 """
 
 from __future__ import annotations
 
-__all__ = ["PUBLISH", "REGISTER", "RENEW", "SNAPSHOT", "keys_of"]
+__all__ = ["PUBLISH", "REGISTER", "RENEW", "RESET", "keys_of"]
 
 
 def keys_of(prefix: str, node: str) -> list[str]:
@@ -41,6 +42,19 @@ redis.call('SET', KEYS[1], ident, 'PX', ARGV[4])
 redis.call('DEL', KEYS[3], KEYS[5])
 redis.call('SET', KEYS[4], '0', 'PX', ARGV[4])
 redis.call('SADD', KEYS[6], ARGV[1])
+return ident
+"""
+
+# ARGV: ident, new token, ttl_ms. The live registration starts over under the same epoch (a new token, an empty
+# holding, a new stream): after a write whose outcome is unknown (a timeout), everything is published again.
+RESET = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('STALE ident ' .. ARGV[1] .. ' is not the live registration')
+end
+local ident = string.match(ARGV[1], '^(%d+):') .. ':' .. ARGV[2]
+redis.call('SET', KEYS[1], ident, 'PX', ARGV[3])
+redis.call('DEL', KEYS[3], KEYS[5])
+redis.call('SET', KEYS[4], '0', 'PX', ARGV[3])
 return ident
 """
 
@@ -78,9 +92,4 @@ end
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '0-' .. seq, unpack(entry))
 for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
 return seq
-"""
-
-# No ARGV. The live ident, the last event number and the whole holding, read in one atomic step.
-SNAPSHOT = """
-return {redis.call('GET', KEYS[1]) or false, redis.call('GET', KEYS[4]) or '0', redis.call('HGETALL', KEYS[3])}
 """

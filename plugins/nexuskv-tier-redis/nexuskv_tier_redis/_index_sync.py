@@ -1,8 +1,10 @@
 """The cluster index's two background workers: the publisher of this node's holdings, the follower of its peers'.
 
 The publisher registers the node under its fencing epoch, publishes a snapshot of what it holds, then every
-change in batches, and renews its keys from the heartbeat; any failure (Redis down, a refused write) makes it
-register again and republish the whole snapshot once it can. The follower reads every peer's event stream,
+change in batches, and renews its keys from the heartbeat. A write whose outcome is unknown (a timeout, Redis
+down) makes it start the registration over under the same epoch and republish everything; a refused write
+(the registration expired, or Redis lost it) makes it register again; a refused registration (the epoch is
+fenced out) makes it ask the control plane for a new epoch. The follower reads every peer's event stream,
 checks that event numbers follow one another (a gap, a new registration or a restarted Redis means a resync from
 the peer's snapshot), and drops a peer's entries as soon as its liveness key expires or the control plane no
 longer lists it at that epoch.
@@ -19,7 +21,7 @@ from typing import Any
 import redis
 
 from nexuskv import Location, get_logger
-from nexuskv_tier_redis._index_lua import PUBLISH, REGISTER, RENEW, SNAPSHOT, keys_of
+from nexuskv_tier_redis._index_lua import PUBLISH, REGISTER, RENEW, RESET, keys_of
 
 __all__ = ["KEY_LEN", "Follower", "Op", "Publisher", "publish_ops"]
 
@@ -62,9 +64,12 @@ class Publisher:
         self._ttl_s = 0.0
         self.ident = ""  # the live registration, "" when there is none
         self._fenced_epoch = -1  # an epoch the server refused: wait for a new one
+        self._registering = 0  # the epoch of the registration being attempted
+        self._asked_at = -1e9
+        self._reset = False  # a write's outcome is unknown: start the registration over and publish all again
         self._renew_due = False
         self.wake = threading.Event()
-        self.stats = {"registrations": 0, "events": 0, "refused_stale": 0, "errors": 0}
+        self.stats = {"registrations": 0, "resets": 0, "events": 0, "refused_stale": 0, "errors": 0}
         self.on_fenced: Callable[[], None] | None = None  # asks the control plane for a new epoch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"nexuskv-index-pub-{node}", daemon=True)
@@ -90,45 +95,81 @@ class Publisher:
             try:
                 self._step()
             except redis.RedisError as exc:
-                self.stats["errors"] += 1
-                if stale(exc) and "STALE epoch" in str(exc):  # registering: this epoch is fenced out for good
-                    self.stats["refused_stale"] += 1
-                    self._fenced_epoch = self.epoch
-                    log.warning("index registration refused: this node's epoch is fenced out; asking for a new one",
-                                node=self.node, epoch=self.epoch, error=str(exc))  # fmt: skip
-                    if self.on_fenced is not None:
-                        self.on_fenced()
-                elif stale(exc):  # the live registration is not ours (expired, or Redis lost it): register again
-                    self.stats["refused_stale"] += 1
-                    log.warning("index write refused: registration not live", node=self.node, ident=self.ident,
-                                error=str(exc))  # fmt: skip
-                else:
-                    log.warning("index publish failed; will register again", node=self.node, error=repr(exc))
-                    self._stop.wait(0.1)
-                self.ident = ""  # whatever was not written is in the next registration's snapshot
+                self._failed(exc)
+            except Exception as exc:  # a bug must not end publishing silently: log, start over
+                log.exception("index publisher step failed", node=self.node, error=repr(exc))
+                self.ident, self._reset = "", False
+                self._stop.wait(0.5)
+
+    def _failed(self, exc: redis.RedisError) -> None:
+        self.stats["errors"] += 1
+        if stale(exc) and "STALE epoch" in str(exc):  # registering: this epoch is fenced out for good
+            self.stats["refused_stale"] += 1
+            self._fenced_epoch = self._registering
+            log.warning("index registration refused: this node's epoch is fenced out; asking for a new one",
+                        node=self.node, epoch=self._registering, error=str(exc))  # fmt: skip
+            self._ask_for_epoch()
+            self.ident = ""
+        elif stale(exc):  # the live registration is not ours (expired, or Redis lost it): register again
+            self.stats["refused_stale"] += 1
+            log.warning("index write refused: registration not live", node=self.node, ident=self.ident,
+                        error=str(exc))  # fmt: skip
+            self.ident = ""
+        else:  # unknown outcome (a timeout, a dropped connection): the same registration publishes all again
+            log.warning("index publish failed; will publish everything again", node=self.node, error=repr(exc))
+            self._reset = bool(self.ident)
+            self._stop.wait(0.1)
+
+    def _ask_for_epoch(self) -> None:
+        """Ask the control plane for a new epoch (at most once a second while this one stays fenced)."""
+        now = time.monotonic()
+        if self.on_fenced is not None and now - self._asked_at >= 1.0:
+            self._asked_at = now
+            self.on_fenced()
 
     def _step(self) -> None:
+        if self.epoch == self._fenced_epoch:
+            self._ask_for_epoch()  # the request may have been lost with a failed join
         if self.epoch <= 0 or self.epoch == self._fenced_epoch or self._ttl_ms() <= 0:
             self._take()  # nothing may be written now; the next registration's snapshot has it all
             return
         if not self.ident or int(self.ident.partition(":")[0]) != self.epoch:
             self._register()
             return
-        if self._renew_due:
+        if self._reset:
+            self._start_over()
+            return
+        self._renew()
+        self._send(self._take())
+
+    def _renew(self) -> None:
+        if self._renew_due and self._ttl_ms() > 0:
             self._renew_due = False
             self.client.eval(RENEW, 6, *keys_of(self.prefix, self.node), self.ident, self._ttl_ms())
-        self._send(self._take())
 
     def _register(self) -> None:
         token = os.urandom(6).hex()
+        self._registering = self.epoch
         self.client.eval(REGISTER, 6, *keys_of(self.prefix, self.node), self.node, self.epoch, token, self._ttl_ms())
-        self.ident = f"{self.epoch}:{token}"
+        self.ident, self._reset = f"{self.epoch}:{token}", False
         self._renew_due = False
         self.stats["registrations"] += 1
+        self._publish_snapshot("registered in the cluster index")
+
+    def _start_over(self) -> None:
+        """After a write of unknown outcome: a new token under the same epoch, and everything published again."""
+        token = os.urandom(6).hex()
+        self.ident = str(self.client.eval(RESET, 6, *keys_of(self.prefix, self.node), self.ident, token,
+                                          self._ttl_ms()).decode())  # fmt: skip
+        self._reset = False
+        self._renew_due = False
+        self.stats["resets"] += 1
+        self._publish_snapshot("index registration started over")
+
+    def _publish_snapshot(self, event: str) -> None:
         ops = self._snapshot()
         self._send(ops)
-        log.info("registered in the cluster index", node=self.node, ident=self.ident,
-                 blocks=sum(len(o[3]) // KEY_LEN for o in ops))  # fmt: skip
+        log.info(event, node=self.node, ident=self.ident, blocks=sum(len(o[3]) // KEY_LEN for o in ops))
 
     def _send(self, ops: list[Op]) -> None:
         batch: list[Op] = []
@@ -145,6 +186,7 @@ class Publisher:
             self._publish(batch)
 
     def _publish(self, batch: list[Op]) -> None:
+        self._renew()  # a long snapshot must not let the registration lapse
         publish_ops(self.client, self.prefix, self.node, self.ident, batch, max(self._ttl_ms(), 1), self.maxlen)
         self.stats["events"] += 1
 
@@ -179,11 +221,17 @@ class Follower:
             try:
                 self._pass()
                 self.synced.set()
-            except redis.RedisError as exc:
+            except Exception as exc:  # Redis away, or a bug: peers the control plane dropped go all the same
                 self.stats["errors"] += 1
-                log.warning("index follow failed; peers' entries kept until their leases say otherwise",
-                            node=self.node, error=repr(exc))  # fmt: skip
-                self._drop_unlisted()
+                if isinstance(exc, redis.RedisError):
+                    log.warning("index follow failed; peers' entries kept until their leases say otherwise",
+                                node=self.node, error=repr(exc))  # fmt: skip
+                else:
+                    log.exception("index follower pass failed", node=self.node, error=repr(exc))
+                try:
+                    self._drop_unlisted()
+                except Exception as again:
+                    log.exception("dropping unlisted peers failed", node=self.node, error=repr(again))
                 self._stop.wait(0.2)
 
     def _live(self) -> dict[str, str]:
@@ -213,10 +261,11 @@ class Follower:
         if not self.peers:
             self._stop.wait(self.poll_ms / 1e3)
             return
-        streams = {keys_of(self.prefix, n)[4]: f"0-{seq}" for n, (_, seq) in self.peers.items()}
+        node_of = {keys_of(self.prefix, n)[4]: n for n in self.peers}
+        streams = {key: f"0-{self.peers[n][1]}" for key, n in node_of.items()}
         got = self.client.xread(streams, block=self.poll_ms)  # type: ignore[arg-type]
         for stream, entries in got or ():
-            n = stream.decode().rpartition(":")[2]
+            n = node_of.get(stream.decode(), "")
             if n in self.peers:
                 self._apply(n, entries)
 
@@ -246,23 +295,30 @@ class Follower:
                     self.local.remove(k, loc, mask)
 
     def _resync(self, n: str) -> None:
-        """Replace everything known of peer `n` with its snapshot (one atomic read)."""
-        ident_raw, seq_raw, flat = self.client.eval(SNAPSHOT, 6, *keys_of(self.prefix, n))
-        self.local.drop_node(n)
+        """Replace everything known of peer `n` with its holding in Redis, read in chunks.
+
+        The event number is read first and following resumes after it: events made while the holding was read
+        are replayed on top (setting and clearing bits again, in order, ends where the peer is); a registration
+        that started over meanwhile has a new identity, which the next pass sees.
+        """
+        k = keys_of(self.prefix, n)
+        ident_raw, seq_raw = self.client.mget([k[0], k[3]])
         self.stats["resyncs"] += 1
-        if not ident_raw:
-            self.peers.pop(n, None)
+        if ident_raw is None:
+            self._drop(n, "not registered")
             return
-        ident = ident_raw.decode() if isinstance(ident_raw, bytes) else str(ident_raw)
+        ident = ident_raw.decode()
         epoch = int(ident.partition(":")[0])
         grouped: dict[tuple[str, int], list[bytes]] = {}
-        for i in range(0, len(flat), 2):
-            field, mask = flat[i], int(flat[i + 1])
-            grouped.setdefault((field[KEY_LEN:].decode(), mask), []).append(field[:KEY_LEN])
+        count = 0
+        for field, mask in self.client.hscan_iter(k[2], count=10_000):
+            grouped.setdefault((field[KEY_LEN:].decode(), int(mask)), []).append(field[:KEY_LEN])
+            count += 1
+        self.local.drop_node(n)
         for (tier, mask), keys in grouped.items():
             self.local.insert_many(keys, Location(tier, n, epoch), mask)
-        self.peers[n] = (ident, int(seq_raw))
-        log.info("index resynced from peer snapshot", peer=n, ident=ident, blocks=len(flat) // 2)
+        self.peers[n] = (ident, int(seq_raw or 0))
+        log.info("index resynced from the peer's holding", peer=n, ident=ident, blocks=count)
 
     def _drop(self, n: str, why: str) -> None:
         dropped = self.local.drop_node(n)
@@ -271,12 +327,13 @@ class Follower:
         log.info("peer's index entries dropped", peer=n, why=why, blocks=dropped)
 
     def _drop_unlisted(self) -> None:
-        """Redis is away: peers the control plane no longer lists lose their entries all the same."""
+        """Redis is away: peers the control plane no longer lists (at the epoch followed) go all the same."""
         listed = self.members()
         if listed is None:
             return
-        for n in [n for n in self.peers if n not in listed]:
-            self._drop(n, "lease ended (seen by the control plane)")
+        for n, (ident, _) in list(self.peers.items()):
+            if listed.get(n) != int(ident.partition(":")[0]):
+                self._drop(n, "lease ended (seen by the control plane)")
 
     def stop(self) -> None:
         """Stop the thread."""

@@ -23,6 +23,8 @@ from nexuskv_tier_redis._private import make_client
 
 __all__ = ["ClusterIndex"]
 
+ALL_GROUPS = (1 << 16) - 1  # a layout has at most 16 groups: "every group" in a removal
+
 
 class ClusterIndex:
     """A node's view of the whole cluster's holdings, kept in step through Redis (see the module docstring)."""
@@ -71,25 +73,28 @@ class ClusterIndex:
         out: dict[str, int] = {}
         for worker in (self.publisher, self.follower):
             if worker is not None:
-                for k, v in worker.stats.items():
+                for k, v in dict(worker.stats).items():
                     out[f"{'publish' if worker is self.publisher else 'follow'}.{k}"] = v
         return out
 
     def peers(self) -> dict[str, str]:
         """The peers followed now and their identities (epoch:token)."""
-        return {n: ident for n, (ident, _) in (self.follower.peers if self.follower else {}).items()}
+        peers = dict(self.follower.peers) if self.follower else {}  # one C-level copy: safe while it changes
+        return {n: ident for n, (ident, _) in peers.items()}
 
     # ------------------------------------------------------------------------------------------ the queue
 
     def _enqueue(self, location: Location, kind: str, mask: int, keys: Iterable[bytes]) -> None:
+        """Queue a change of this node's holdings (called under `_qlock`, with the local change it describes)."""
         if not self.node or location.node != self.node:
             return  # peers' entries (applied by the follower) and writes before binding are not republished
         blob = b"".join(keys)
         if blob:
-            with self._qlock:
-                self._queue.append((kind, location.tier, mask, blob))
-            if self.publisher is not None:
-                self.publisher.wake.set()
+            self._queue.append((kind, location.tier, mask, blob))
+
+    def _wake(self) -> None:
+        if self.publisher is not None:
+            self.publisher.wake.set()
 
     def _take(self) -> list[Op]:
         with self._qlock:
@@ -97,16 +102,16 @@ class ClusterIndex:
         return ops
 
     def _snapshot(self) -> list[Op]:
-        """Everything this node holds now, as store operations; the queue is emptied first (changes after it stay)."""
-        with self._qlock:
-            self._queue = []
+        """Everything this node holds now, as store operations, with the queue emptied in the same step."""
         grouped: dict[tuple[str, int], list[bytes]] = {}
-        for loc in [loc for loc in self._local.holdings() if loc.node == self.node]:
-            for key in self._local.keys_at(loc):
-                h = self._local.get(key)
-                mask = h.mask_at(loc.tier, self.node) if h is not None else 0
-                if mask:
-                    grouped.setdefault((loc.tier, mask), []).append(key)
+        with self._qlock:  # no change lands between the two: each is in the snapshot or in the queue after it
+            self._queue = []
+            for loc in [loc for loc in self._local.holdings() if loc.node == self.node]:
+                for key in self._local.keys_at(loc):
+                    h = self._local.get(key)
+                    mask = h.mask_at(loc.tier, self.node) if h is not None else 0
+                    if mask:
+                        grouped.setdefault((loc.tier, mask), []).append(key)
         return [("S", tier, mask, b"".join(sorted(keys))) for (tier, mask), keys in sorted(grouped.items())]
 
     # ------------------------------------------------------------------------------------------ Matcher
@@ -114,32 +119,40 @@ class ClusterIndex:
     def insert(self, key: bytes, location: Location, group_mask: int = 1) -> None:
         """Record that `location` holds the groups in `group_mask` for block `key`."""
         _check(key)
-        self._local.insert(key, location, group_mask)
-        self._enqueue(location, "S", group_mask, (key,))
+        with self._qlock:  # the local change and its event in one step: the queue's order is the index's
+            self._local.insert(key, location, group_mask)
+            self._enqueue(location, "S", group_mask, (key,))
+        self._wake()
 
     def insert_many(self, keys: Iterable[bytes], location: Location, group_mask: int = 1) -> None:
         """`insert` for many keys at one location."""
         keys = list(keys)
         for key in keys:
             _check(key)
-        self._local.insert_many(keys, location, group_mask)
-        self._enqueue(location, "S", group_mask, keys)
+        with self._qlock:
+            self._local.insert_many(keys, location, group_mask)
+            self._enqueue(location, "S", group_mask, keys)
+        self._wake()
 
     def remove(self, key: bytes, location: Location | None = None, group_mask: int | None = None) -> bool:
         """Forget groups (all if None) of `key` at `location` (all if None); True if anything was removed."""
-        h = self._local.get(key) if location is None else None
-        targets = [loc for loc, _ in h.locations] if h is not None else [location] if location is not None else []
-        removed = self._local.remove(key, location, group_mask)
-        if removed:
-            for loc in targets:
-                self._enqueue(loc, "R", group_mask if group_mask is not None else 255, (key,))
+        with self._qlock:
+            h = self._local.get(key) if location is None else None
+            targets = [loc for loc, _ in h.locations] if h is not None else [location] if location is not None else []
+            removed = self._local.remove(key, location, group_mask)
+            if removed:
+                for loc in targets:
+                    self._enqueue(loc, "R", group_mask if group_mask is not None else ALL_GROUPS, (key,))
+        self._wake()
         return removed
 
     def drop_location(self, location: Location) -> int:
         """Forget everything held at `location`; return how many blocks lost it."""
-        keys = self._local.keys_at(location) if location.node == self.node else frozenset()
-        n = self._local.drop_location(location)
-        self._enqueue(location, "R", 255, sorted(keys))
+        with self._qlock:
+            keys = self._local.keys_at(location) if location.node == self.node else frozenset()
+            n = self._local.drop_location(location)
+            self._enqueue(location, "R", ALL_GROUPS, sorted(keys))
+        self._wake()
         return n
 
     def drop_node(self, node: str, below_epoch: int | None = None) -> int:

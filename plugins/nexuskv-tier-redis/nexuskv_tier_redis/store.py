@@ -60,6 +60,9 @@ class RedisStore:
     reported through the eviction callback, so the kernel's index stays exact.
     """
 
+    shared = True
+    """Every node that uses this server reads it: another node's payloads here are read in place."""
+
     def __init__(
         self,
         name: str = "redis",

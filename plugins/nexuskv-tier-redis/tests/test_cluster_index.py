@@ -143,3 +143,23 @@ def test_bad_options_are_config_errors(redis_server):
     with pytest.raises(PluginError, match=r"ConfigError: \[matcher\] \(redis\).*pole_s"):
         Kernel(KernelConfig.from_mapping({"matcher": {"name": "redis", "url": redis_server.url, "pole_s": 1}}),
                secret=bytes(32))  # fmt: skip
+
+
+def test_a_redis_hiccup_keeps_the_epoch_and_the_views_agree_again(kernels, redis_server):
+    a, b = kernels("a"), kernels("b")
+    here = Location("dram", "a", a.epoch)
+    a.index.insert_many([os.urandom(16) for _ in range(5)], here, 1)
+    assert wait_until(lambda: len(view_of(b.index, "a")) == 5, 10) is not None
+    epoch = a.epoch
+    redis_server.client().execute_command("CLIENT", "PAUSE", 800)  # longer than the clients' 0.5 s timeout
+    a.index.insert_many([os.urandom(16) for _ in range(5)], here, 1)  # its write may time out: outcome unknown
+    assert wait_until(lambda: view_of(b.index, "a") == view_of(a.index, "a") and len(view_of(b.index, "a")) == 10,
+                      15) is not None  # fmt: skip
+    assert a.epoch == epoch  # a hiccup is not a lost lease: the same epoch publishes everything again
+
+
+def test_node_names_with_colons_are_followed(kernels):
+    a, b = kernels("host-a:8000"), kernels("host-b:8000")
+    keys = [os.urandom(16) for _ in range(5)]
+    a.index.insert_many(keys, Location("dram", "host-a:8000", a.epoch), 1)
+    assert wait_until(lambda: len(view_of(b.index, "host-a:8000")) == 5, 10) is not None

@@ -53,6 +53,9 @@ class ShmStore:
     deployments sharing it. Segments are created with `mode` (owner-only by default: KV state is user data).
     """
 
+    shared = True
+    """Host-wide: another process's payloads here are read in place, not fetched from it."""
+
     def __init__(self, capacity_bytes: int = 1 << 30, name: str = "shm", *, namespace: str = "nxkv",
                  shm_dir: str | os.PathLike[str] = DEFAULT_DIR, lease_ttl_s: float = 10.0,
                  reap_interval_s: float | None = None, mode: int = 0o600) -> None:  # fmt: skip
