@@ -18,7 +18,7 @@ ROOT = Path(nexuskv.__file__).resolve().parent
 FLOORS: list[tuple[str, set[str]]] = [
     ("contracts", {"errors", "units", "logs", "eviction", "hookspecs", "health", "_schema", "contracts",
                    "interfaces", "policy.types", "policy.verdict", "policy._celrt", "policy._tomlpos",
-                   "policy._celvalues", "policy._textproto", "policy._celtime"}),
+                   "policy._celvalues", "policy._textproto", "policy._celtime", "descriptors"}),
     ("identity and policy", {"identity", "kinds", "holding", "index", "cost", "links", "policy", "policy._celparse",
                              "policy._celcheck", "policy._celconv", "policy._celdyn", "policy._celgen", "policy.cel",
                              "policy._fastpath", "policy.model", "policy.policyset", "policy.compiler",

@@ -33,6 +33,7 @@ from nexuskv.contracts import (
     from_dict,
     to_dict,
 )
+from nexuskv.descriptors import DescriptorParser
 from nexuskv.errors import (
     ChecksumError,
     ConfigError,
@@ -79,6 +80,7 @@ __all__ = [
     "ControlPlane",
     "CostProfile",
     "DeadlinePassed",
+    "DescriptorParser",
     "DictIndex",
     "EvictionCallback",
     "ExtraInput",

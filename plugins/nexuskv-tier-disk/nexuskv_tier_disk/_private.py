@@ -5,16 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import struct
-from typing import Any
 
-import attrs
 import numpy as np
 import xxhash
 from attrs import frozen
 
-from nexuskv import Placement, StateDescriptor, TokenSpan, Usage, from_dict, to_dict
+from nexuskv import DescriptorParser, StateDescriptor, to_dict
 
 MAGIC = b"NKVD"
 VERSION = 1
@@ -220,78 +217,16 @@ def fsync_dir(dir_fd: int) -> None:
 
 # ----------------------------------------------------------------------------------------- descriptor parsing
 
-_PER_BLOCK = ("key", "parent_key", "span", "nbytes", "checksum", "placement", "group", "usage")
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
-_CHECKSUM = re.compile(r"^[a-z0-9-]+:[0-9a-f]+$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
-
-
-def _int(v: Any) -> int:
-    if type(v) is not int or v < 0:
-        raise ValueError(v)
-    return v
-
-
-def _num(v: Any) -> float:
-    if type(v) not in (int, float):
-        raise ValueError(v)
-    return float(v)
-
-
-def _name(v: Any) -> str:
-    if type(v) is not str or len(v) > 256 or not _NAME.match(v):
-        raise ValueError(v)
-    return v
-
-
-def _per_block(data: dict[str, Any]) -> dict[str, Any]:
-    """The fields that differ from block to block, checked as the schema would (raises on anything off)."""
-    key, parent, span, place, usage = data["key"], data["parent_key"], data["span"], data["placement"], data["usage"]
-    if type(key) is not str or not _HEX32.match(key) or not (parent is None or (type(parent) is str and
-                                                                                _HEX32.match(parent))):  # fmt: skip
-        raise ValueError("key")
-    if type(data["checksum"]) is not str or not _CHECKSUM.match(data["checksum"]):
-        raise ValueError("checksum")
-    if set(span) != {"start", "end"} or set(place) != {"tier", "node", "epoch"} or set(usage) != {
-        "created_s", "last_access_s", "hits"}:  # fmt: skip
-        raise ValueError("shape")
-    return {
-        "key": key,
-        "parent_key": parent,
-        "span": TokenSpan(_int(span["start"]), _int(span["end"])),
-        "nbytes": _int(data["nbytes"]),
-        "checksum": data["checksum"],
-        "placement": Placement(_name(place["tier"]), _name(place["node"]), _int(place["epoch"])),
-        "group": _int(data["group"]),
-        "usage": Usage(_num(usage["created_s"]), _num(usage["last_access_s"]), _int(usage["hits"])),
-    }
-
 
 class DescriptorReader:
-    """Parses stored descriptor JSON fast, with the same checks as the schema.
-
-    A full schema validation runs the first time each model / layout / tenant shape is seen; after that only the
-    per-block fields are checked (a restart reads thousands of descriptors that share everything else).
-    """
+    """Parses stored descriptor JSON fast, with the same checks as the schema (`nexuskv.DescriptorParser`)."""
 
     def __init__(self) -> None:
-        self._templates: dict[str, StateDescriptor] = {}
+        self._parser = DescriptorParser()
 
     def read(self, meta: bytes) -> StateDescriptor:
         """The descriptor in `meta`; raises CorruptFile when it is not a valid state descriptor."""
         try:
-            data = json.loads(meta)
-            if not isinstance(data, dict) or not set(_PER_BLOCK) <= data.keys():
-                raise ValueError("not a descriptor")
-            shared = json.dumps({k: v for k, v in data.items() if k not in _PER_BLOCK}, sort_keys=True)
-            template = self._templates.get(shared)
-            if template is None:
-                desc = from_dict(StateDescriptor, data)
-                self._templates[shared] = desc
-                return desc
-            try:
-                return attrs.evolve(template, **_per_block(data))
-            except (KeyError, TypeError, ValueError):
-                return from_dict(StateDescriptor, data)  # the full check says exactly what is wrong
+            return self._parser.parse(meta)
         except Exception as exc:
             raise CorruptFile(f"bad descriptor: {exc}") from None

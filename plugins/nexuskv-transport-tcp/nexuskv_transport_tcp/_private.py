@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import socket
 import socketserver
 import threading
@@ -12,10 +11,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
 from attrs import define, field
 
-from nexuskv import Placement, StateDescriptor, TierStore, TokenSpan, Usage, from_dict, get_logger, to_dict
+from nexuskv import StateDescriptor, TierStore, get_logger, to_dict
 from nexuskv_transport_tcp._wire import (
     HIT,
     MISS,
@@ -31,7 +29,6 @@ from nexuskv_transport_tcp._wire import (
 __all__ = [
     "Conn",
     "DescriptorEncoder",
-    "DescriptorParser",
     "Pool",
     "Server",
     "connect",
@@ -160,97 +157,6 @@ def connect(address: str, deadline: float) -> Conn:
 
 
 # --------------------------------------------------------------------------------------------- descriptors
-
-_PER_BLOCK = ("key", "parent_key", "span", "nbytes", "checksum", "placement", "group", "usage")
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
-_CHECKSUM = re.compile(r"^[a-z0-9-]+:[0-9a-f]+$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
-
-
-def _int(v: Any) -> int:
-    if type(v) is not int or v < 0:
-        raise ValueError(v)
-    return v
-
-
-def _num(v: Any) -> float:
-    if type(v) not in (int, float):
-        raise ValueError(v)
-    return float(v)
-
-
-def _name(v: Any) -> str:
-    if type(v) is not str or len(v) > 256 or not _NAME.match(v):
-        raise ValueError(v)
-    return v
-
-
-def _per_block(data: dict[str, Any]) -> dict[str, Any]:
-    """The fields that differ from block to block, checked as the schema would (raises on anything off)."""
-    key, parent, span, place, usage = data["key"], data["parent_key"], data["span"], data["placement"], data["usage"]
-    if type(key) is not str or not _HEX32.match(key) or not (parent is None or (type(parent) is str and
-                                                                                _HEX32.match(parent))):  # fmt: skip
-        raise ValueError("key")
-    if type(data["checksum"]) is not str or not _CHECKSUM.match(data["checksum"]):
-        raise ValueError("checksum")
-    if set(span) != {"start", "end"} or set(place) != {"tier", "node", "epoch"} or set(usage) != {
-        "created_s", "last_access_s", "hits"}:  # fmt: skip
-        raise ValueError("shape")
-    return {
-        "key": key,
-        "parent_key": parent,
-        "span": TokenSpan(_int(span["start"]), _int(span["end"])),
-        "nbytes": _int(data["nbytes"]),
-        "checksum": data["checksum"],
-        "placement": Placement(_name(place["tier"]), _name(place["node"]), _int(place["epoch"])),
-        "group": _int(data["group"]),
-        "usage": Usage(_num(usage["created_s"]), _num(usage["last_access_s"]), _int(usage["hits"])),
-    }
-
-
-class DescriptorParser:
-    """Parses descriptor JSON from peers with the schema's checks, fast (as the disk tier's `DescriptorReader`).
-
-    Bytes seen before give back the descriptor parsed then (frozen, so shared safely). Otherwise the full schema
-    validation (`nexuskv.from_dict`, about 2 ms) runs the first time each model / layout / tenant shape is seen;
-    after that only the per-block fields are checked and set on that shape's template. Both caches are bounded
-    (`entries`, oldest dropped first). Thread-safe.
-    """
-
-    def __init__(self, entries: int = 4096) -> None:
-        self._max = entries
-        self._exact: dict[bytes, StateDescriptor] = {}
-        self._templates: dict[str, StateDescriptor] = {}
-        self._lock = threading.Lock()
-
-    def parse(self, raw: bytes | bytearray) -> StateDescriptor:
-        """The descriptor in `raw`; ValueError (or the schema's ContractError) when it is not a valid one."""
-        raw = bytes(raw)
-        with self._lock:
-            desc = self._exact.get(raw)
-        if desc is None:
-            desc = self._parse(raw)
-            with self._lock:
-                _bounded_put(self._exact, raw, desc, self._max)
-        return desc
-
-    def _parse(self, raw: bytes) -> StateDescriptor:
-        data = json.loads(raw)
-        if not isinstance(data, dict) or not set(_PER_BLOCK) <= data.keys():
-            return from_dict(StateDescriptor, data)  # says exactly what is wrong
-        shared = json.dumps({k: v for k, v in data.items() if k not in _PER_BLOCK}, sort_keys=True)
-        with self._lock:
-            template = self._templates.get(shared)
-        if template is None:
-            desc = from_dict(StateDescriptor, data)
-            with self._lock:
-                _bounded_put(self._templates, shared, desc, self._max)
-            return desc
-        try:
-            return attrs.evolve(template, **_per_block(data))
-        except (KeyError, TypeError, ValueError):
-            return from_dict(StateDescriptor, data)
-
 
 class DescriptorEncoder:
     """Descriptors as compact JSON (`nexuskv.to_dict`), each distinct one encoded once (bounded cache)."""

@@ -11,8 +11,8 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from nexuskv import StateDescriptor, StoredState, TierStore, get_logger, parse_bytes
-from nexuskv_transport_tcp._private import Conn, DescriptorParser, Pool, Server, connect, format_address, parse_address
+from nexuskv import DescriptorParser, StateDescriptor, StoredState, TierStore, get_logger, parse_bytes
+from nexuskv_transport_tcp._private import Conn, Pool, Server, connect, format_address, parse_address
 from nexuskv_transport_tcp._wire import (
     HIT,
     MAX_SLOT_BYTES,
