@@ -4,9 +4,9 @@ import nexuskv
 
 PUBLIC = {
     "AdapterIdentity", "BlockKeyer", "CHAIN_PERSON", "Calibration", "ChecksumError", "CodecCost", "CommitResult",
-    "ConfigError", "ContractError", "ControlPlane", "CostProfile", "DeadlinePassed", "DescriptorParser", "DictIndex",
-    "EvictionCallback", "ExtraInput", "HeapEntry", "Holding", "HoldingCodes", "IndexSnapshot", "Kernel",
-    "KernelConfig", "KeyChain", "Layout", "Lease", "Lineage", "LinkCost",
+    "ConfigError", "ContractError", "ControlPlane", "CostProfile", "DeadlinePassed", "DescriptorEncoder",
+    "DescriptorParser", "DictIndex", "EvictionCallback", "ExtraInput", "HeapEntry", "Holding", "HoldingCodes",
+    "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "Lineage", "LinkCost",
     "LoadReport", "Location", "Match", "Matcher", "Materialized", "ModelIdentity", "Namespace", "NexusKVError",
     "PersistentTierStore", "Placement", "Plan", "PlanAction", "PlanSpan", "PluginError", "PluginManager",
     "Predicted", "PrefillCost", "Request", "SchemaVersionError", "Slo", "StateDescriptor", "StateGroup",

@@ -71,3 +71,15 @@ def test_many_threads_parse_at_once_and_agree():
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_the_encoder_says_what_to_dict_says_for_every_block():
+    from nexuskv import DescriptorEncoder, Usage
+
+    enc, parser = DescriptorEncoder(entries=4), DescriptorParser()
+    blocks = [d for t in ("a", "b") for _, _, d in chain(20, tenant=t)]
+    blocks += [attrs.evolve(d, usage=Usage(1.5, 2.25, 3), placement=Placement("disk", "n9", 4)) for d in blocks[:5]]
+    for d in blocks:
+        assert json.loads(enc.encode(d)) == to_dict(d)
+        assert parser.parse(enc.encode(d)) == d
+    assert len(enc._shapes) <= 4

@@ -33,7 +33,7 @@ from nexuskv.contracts import (
     from_dict,
     to_dict,
 )
-from nexuskv.descriptors import DescriptorParser
+from nexuskv.descriptors import DescriptorEncoder, DescriptorParser
 from nexuskv.errors import (
     ChecksumError,
     ConfigError,
@@ -80,6 +80,7 @@ __all__ = [
     "ControlPlane",
     "CostProfile",
     "DeadlinePassed",
+    "DescriptorEncoder",
     "DescriptorParser",
     "DictIndex",
     "EvictionCallback",

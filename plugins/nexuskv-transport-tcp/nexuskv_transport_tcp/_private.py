@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import socketserver
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from attrs import define, field
 
-from nexuskv import StateDescriptor, TierStore, get_logger, to_dict
+from nexuskv import DescriptorEncoder, TierStore, get_logger
 from nexuskv_transport_tcp._wire import (
     HIT,
     MISS,
@@ -28,7 +26,6 @@ from nexuskv_transport_tcp._wire import (
 
 __all__ = [
     "Conn",
-    "DescriptorEncoder",
     "Pool",
     "Server",
     "connect",
@@ -154,37 +151,6 @@ def connect(address: str, deadline: float) -> Conn:
     sock = socket.create_connection((host, port), timeout=left)
     nodelay(sock)
     return Conn(address, sock)
-
-
-# --------------------------------------------------------------------------------------------- descriptors
-
-class DescriptorEncoder:
-    """Descriptors as compact JSON (`nexuskv.to_dict`), each distinct one encoded once (bounded cache)."""
-
-    def __init__(self, entries: int = 4096) -> None:
-        self._max = entries
-        self._cache: dict[StateDescriptor, bytes] = {}
-        self._lock = threading.Lock()
-
-    def encode(self, desc: StateDescriptor) -> bytes:
-        """The JSON bytes of `desc`."""
-        try:
-            with self._lock:
-                raw = self._cache.get(desc)
-        except TypeError:  # an unhashable descriptor (a store's own subclass): encode it every time
-            return json.dumps(to_dict(desc), separators=(",", ":")).encode()
-        if raw is None:
-            raw = json.dumps(to_dict(desc), separators=(",", ":")).encode()
-            with self._lock:
-                _bounded_put(self._cache, desc, raw, self._max)
-        return raw
-
-
-def _bounded_put(cache: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
-    """Insert into an insertion-ordered cache, dropping the oldest entries beyond `limit`."""
-    cache[key] = value
-    while len(cache) > limit:
-        del cache[next(iter(cache))]
 
 
 # --------------------------------------------------------------------------------------------- server side
