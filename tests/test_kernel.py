@@ -525,3 +525,17 @@ def test_flush_waits_for_tiers_that_write_behind_and_reindex_is_public():
         assert k.reindex("dram") == 0
         with pytest.raises(ConfigError, match="not a persistent tier"):
             k.reindex("nope")
+
+
+def test_a_kernel_that_fails_to_start_leaves_no_heartbeat_and_no_lease():
+    import threading
+
+    from nexuskv import ConfigError
+
+    def beating() -> int:
+        return sum(t.name == "nexuskv-heartbeat" and t.is_alive() for t in threading.enumerate())
+
+    before = beating()
+    with pytest.raises(ConfigError, match="transport_options"):
+        Kernel(KernelConfig(node="n1", transport_options={"local": {"speed": 1}}), secret=SECRET)
+    assert beating() == before  # a failed start renews no lease for ever (a ghost member of the cluster)

@@ -11,12 +11,13 @@ Every part owns its own state; this class holds no state of its own beyond the p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nexuskv.config import KernelConfig, plugin_env
-from nexuskv.contracts import Plan, Request, StateDescriptor, TensorSpec
+from nexuskv.contracts import CostProfile, Plan, Request, StateDescriptor, TensorSpec
 from nexuskv.control import Membership
 from nexuskv.cost import CostModel, default_profile, load_profile
 from nexuskv.decisions import DecisionLog
@@ -65,6 +66,17 @@ class Kernel:
         self.links = link_estimates(cfg.links, profile)
         self.membership = Membership(self.plugins.control_plane(cfg.control_plane), self.node, cfg.lease_ttl_s,
                                      status=self._status)  # fmt: skip
+        try:
+            self._assemble(cfg, profile)
+        except BaseException:
+            self._abandon()  # a kernel that failed to start leaves no heartbeat renewing its lease, no threads
+            raise
+        log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
+                 policies=self.policies.tenants() if self.policies else [],
+                 plugin_problems=len(self.plugins.problems))  # fmt: skip
+
+    def _assemble(self, cfg: KernelConfig, profile: CostProfile) -> None:
+        """Build the parts after the membership (the tiers, policies, paths), then bind a cluster-wide index."""
         self.cost = CostModel(profile, links=self.links)
         self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s)
         self.hierarchy = Hierarchy(cfg, (self.plugins.tier_stores(), self.plugins.transports()), self.index,
@@ -96,9 +108,19 @@ class Kernel:
             if loopback and getattr(self.control, "view", None) is not None:
                 log.warning("serving tiers on a loopback address: peers on other machines cannot reach it "
                             "(set transport_options.<name>.host or advertise)", addresses=loopback)  # fmt: skip
-        log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
-                 policies=self.policies.tenants() if self.policies else [],
-                 plugin_problems=len(self.plugins.problems))  # fmt: skip
+
+    def _abandon(self) -> None:
+        """Close what a failed start had built, in reverse (errors ignored: the start's own error is raised)."""
+        for part in ("reads", "decision_log", "prefetcher", "loads", "writes", "hierarchy"):
+            obj = getattr(self, part, None)
+            if obj is not None:
+                with contextlib.suppress(Exception):
+                    obj.close()
+        close_index = getattr(self.index, "close", None)
+        if callable(close_index):
+            with contextlib.suppress(Exception):
+                close_index()
+        self.membership.close()
 
     def _status(self) -> dict[str, Any]:
         """What this node publishes to the cluster view each heartbeat: link estimates and where peers reach it."""

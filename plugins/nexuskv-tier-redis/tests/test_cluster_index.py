@@ -115,13 +115,20 @@ def test_many_threads_change_holdings_and_every_view_agrees_with_a_reference(ker
                 a.index.remove(key, here, mask)
                 with lock:
                     left = reference.get(key, 0) & ~mask
-                    reference.pop(key) if not left else reference.__setitem__(key, left)
+                    if left:
+                        reference[key] = left
+                    else:
+                        reference.pop(key, None)
+        with lock:
+            done.append(seed)
 
+    done: list[int] = []
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert sorted(done) == list(range(8))  # every worker made all its changes
     assert view_of(a.index, "a") == reference
     assert wait_until(lambda: view_of(b.index, "a") == reference, 20) is not None
     held = redis_server.client().hgetall(f"{prefix}/idx:held:a")
