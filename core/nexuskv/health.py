@@ -92,4 +92,4 @@ class Health:
     def snapshot(self) -> dict[str, dict[str, object]]:
         """State of every breaker, for observability."""
         return {n: {"state": b.state, "failures": b.failures, "trips": b.trips, "last_error": b.last_error}
-                for n, b in sorted(self._breakers.items())}  # fmt: skip
+                for n, b in sorted(dict(self._breakers).items())}  # fmt: skip (a copy: breakers are added meanwhile)

@@ -123,13 +123,25 @@ class Kernel:
         self.membership.close()
 
     def _status(self) -> dict[str, Any]:
-        """What this node publishes to the cluster view each heartbeat: link estimates and where peers reach it."""
+        """What this node publishes to the cluster view each heartbeat.
+
+        Link estimates (`links`), where peers reach it (`addresses`), its backpressure (the writer's queue and
+        refusals, prefetch bytes in flight) and the paths it has stopped using (`breakers` not closed).
+        """
         out: dict[str, Any] = {}
         if getattr(self, "links", None) is not None:
             out["links"] = dict(self.links.snapshot())  # type: ignore[union-attr]
         hierarchy = getattr(self, "hierarchy", None)  # not built yet during the first join
         if hierarchy is not None and hierarchy.addresses:
             out["addresses"] = dict(hierarchy.addresses)
+        if getattr(self, "reads", None) is not None:  # every part is built
+            w = self.writes.writer
+            items, nbytes = w.queued()
+            inflight = sum(self.prefetcher.inflight_bytes().values())
+            out["backpressure"] = {"writer_items": items, "writer_bytes": nbytes,
+                                   "writer_fill": round(max(items / w.max_items, nbytes / w.max_bytes), 4),
+                                   "writer_refused": w.stats["refused"], "prefetch_inflight_bytes": inflight}  # fmt: skip
+            out["breakers"] = {n: b["state"] for n, b in self.health.snapshot().items() if b["state"] != "closed"}
         return out
 
     @classmethod

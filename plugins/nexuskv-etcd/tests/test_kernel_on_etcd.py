@@ -93,6 +93,8 @@ def test_a_kernel_publishes_what_it_measures(etcd_server, prefix):
         other = EtcdControlPlane(etcd_server.endpoint, prefix=prefix)
         try:
             seen = other.view.wait_for(lambda v: v.status().get("n1", {}).get("links", {}).get("dram"), WAIT_S)
-            assert seen and other.view.status()["n1"]["links"]["dram"]["samples"] >= 1
+            status = other.view.status()["n1"]
+            assert seen and status["links"]["dram"]["samples"] >= 1
+            assert status["backpressure"]["writer_fill"] >= 0 and status["breakers"] == {}  # backpressure, health
         finally:
             other.close()
