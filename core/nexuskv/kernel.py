@@ -138,9 +138,9 @@ class Kernel:
             w = self.writes.writer
             items, nbytes = w.queued()
             inflight = sum(self.prefetcher.inflight_bytes().values())
-            out["backpressure"] = {"writer_items": items, "writer_bytes": nbytes,
-                                   "writer_fill": round(max(items / w.max_items, nbytes / w.max_bytes), 4),
-                                   "writer_refused": w.stats["refused"], "prefetch_inflight_bytes": inflight}  # fmt: skip
+            fill = round(max(items / w.max_items, nbytes / w.max_bytes), 4)
+            out["backpressure"] = {"writer_items": items, "writer_bytes": nbytes, "writer_fill": fill,
+                                   "writer_refused": w.stats["refused"], "prefetch_inflight_bytes": inflight}
             out["breakers"] = {n: b["state"] for n, b in self.health.snapshot().items() if b["state"] != "closed"}
         return out
 
