@@ -87,7 +87,7 @@ class Planner:
             if mask & need != need:
                 continue
             remote = 0 if (not node or loc.node == node) else 1
-            if self.peer(loc.tier, loc.node, node):  # a peer's state: needs a transport to it and a healthy link
+            if remote and loc.tier not in self.shared_tiers:  # a peer's: needs a transport to it, a healthy link
                 if not self.remote_transport or not self.health.allow(peer_link(loc.node)):
                     continue
                 remote = 2
@@ -204,20 +204,22 @@ class Planner:
             if c is not None:
                 runs = (*runs, (blocks - 1, blocks, c[1], c[2]))
         block_bytes = self.cost.bytes_per_token * page
-        per_source: dict[tuple[str, str], int] = {}
+        per_tier: dict[str, int] = {}  # blocks read here, per tier
+        per_peer: dict[tuple[str, str], int] = {}  # blocks fetched from a peer, per (tier, node)
+        remote = self.remote_transport
         for first, end, tier, where in runs:
-            src = (tier, where if self.peer(tier, where, node) else "")  # "": read here
-            per_source[src] = per_source.get(src, 0) + (end - first)
-        transfer = 0.0
-        for (tier, peer), n in sorted(per_source.items()):
-            if peer:
-                transfer += self.cost.remote_ms(n * block_bytes, tier, peer, transport=self.remote_transport,
-                                                inflight=inflight, bandwidth_scale=scale)  # fmt: skip
+            if remote and where != node and self.peer(tier, where, node):
+                per_peer[(tier, where)] = per_peer.get((tier, where), 0) + (end - first)
             else:
-                transfer += self.cost.transfer_ms(n * block_bytes, tier, transport=self.transport, inflight=inflight,
-                                                  bandwidth_scale=scale)  # fmt: skip
+                per_tier[tier] = per_tier.get(tier, 0) + (end - first)
+        transfer = sum(self.cost.transfer_ms(n * block_bytes, t, transport=self.transport, inflight=inflight,
+                                             bandwidth_scale=scale) for t, n in sorted(per_tier.items()))  # fmt: skip
+        for (tier, peer), n in sorted(per_peer.items()) if per_peer else ():
+            transfer += self.cost.remote_ms(n * block_bytes, tier, peer, transport=remote, inflight=inflight,
+                                            bandwidth_scale=scale)  # fmt: skip
         terms = self.cost.terms(blocks * page, transfer, blocks)
-        slowest = max((t for t, _ in per_source), key=lambda t: self._rank.get(t, len(self._rank)), default="")
+        tiers = [*per_tier, *(t for t, _ in per_peer)] if per_peer else per_tier
+        slowest = max(tiers, key=lambda t: self._rank.get(t, len(self._rank)), default="")
         return Candidate(blocks, runs, terms.t_recompute_ms, terms.t_lookup_ms, terms.t_transfer_ms,
                          terms.t_mount_ms, slowest)  # fmt: skip
 
@@ -250,11 +252,14 @@ def to_plan(
     total = len(request.token_ids)
     reused = chosen.blocks * page if chosen is not None and action == PlanAction.MATERIALIZE else 0
 
-    def mover(t: str, n: str) -> str:
-        return remote_transport if peer is not None and peer(t, n) else transport
-
-    spans = tuple(PlanSpan(start=f * page, end=e * page, tier=t, node=n, transport=mover(t, n))
-                  for f, e, t, n in (chosen.sources if reused and chosen is not None else ()))  # fmt: skip
+    runs = chosen.sources if reused and chosen is not None else ()
+    if peer is None or not remote_transport:  # one node's state only: every span goes over `transport`
+        spans = tuple(PlanSpan(start=f * page, end=e * page, tier=t, node=n, transport=transport)
+                      for f, e, t, n in runs)  # fmt: skip
+    else:
+        spans = tuple(PlanSpan(start=f * page, end=e * page, tier=t, node=n,
+                               transport=remote_transport if peer(t, n) else transport)
+                      for f, e, t, n in runs)  # fmt: skip
     pre = tuple(PlanSpan(start=f * page, end=e * page, tier=t, node=n, transport=transport, target_tier=prefetch_to)
                 for f, e, t, n in prefetch)  # fmt: skip
     if reused and chosen is not None:
@@ -373,7 +378,8 @@ def decide(
                    transport=planner.transport, prefetch=prefetch, prefetch_to=prefetch_target, reasons=reasons,
                    rules=rules, revision=getattr(policy, "revision", ""), epoch=epoch, cost=planner.cost,
                    namespace=shared_from if chosen is not None else None,
-                   peer=lambda t, n: planner.peer(t, n, node), remote_transport=planner.remote_transport)  # fmt: skip
+                   peer=(lambda t, n: planner.peer(t, n, node)) if planner.remote_transport else None,
+                   remote_transport=planner.remote_transport)  # fmt: skip
     return Decision(plan, PlanDetail(chosen, tuple(cands), tuple(prefetch), tuple(verdicts)))
 
 
@@ -399,8 +405,9 @@ def _reuse_verdict(policy: Any, request: Request, cand: Candidate, node: str, pa
 def _prefetch(planner: Planner, longest: Candidate, chosen: Candidate | None, target: str,
               min_gain: float, page: int, node: str) -> tuple[tuple[int, int, str, str], ...]:  # fmt: skip
     """Runs of the longest candidate that are not in `target` and would pay if they were (this node's only)."""
-    if not longest.blocks or any(planner.peer(t, n, node) for _, _, t, n in longest.sources):
-        return ()
+    if not longest.blocks or (planner.remote_transport and
+                              any(n != node and planner.peer(t, n, node) for _, _, t, n in longest.sources)):
+        return ()  # fmt: skip
     slow = tuple(r for r in longest.sources if r[2] != target)
     if not slow:
         return ()
