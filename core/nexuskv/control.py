@@ -124,7 +124,7 @@ class Membership:
         if view is None:
             return None
         try:
-            got: Mapping[str, Any] | None = view.status().get(node)
+            got: Mapping[str, Any] | None = view.status_of(node)
         except Exception:
             return None
         return got

@@ -31,6 +31,25 @@ __all__ = ["Hierarchy"]
 log = get_logger(__name__)
 
 
+_UNKNOWN_CHECKSUM = "unknown checksum algorithm"
+
+
+def _payload_problem(key: bytes, got: StoredState) -> str:
+    """Why a payload read back for block `key` must not be used ("" when it may).
+
+    Not the block's, a checksum this version cannot compute (`_UNKNOWN_CHECKSUM`: written by a newer one), or a
+    checksum mismatch.
+    """
+    desc = got.descriptor
+    if desc.key != key.hex():
+        return "not the block's"
+    if not checksum_known(desc.checksum):
+        return _UNKNOWN_CHECKSUM
+    if not verify_checksum(got.payload, desc.checksum):
+        return "checksum mismatch"
+    return ""
+
+
 class Hierarchy:
     """Tier stores and transports of one node, ordered fastest first, with the index kept exact across them."""
 
@@ -280,15 +299,11 @@ class Hierarchy:
                                                       timeout_s=timeout_s)  # fmt: skip
         out: list[StoredState | None] = []
         for (key, group), st in zip(blocks, got, strict=True):
-            desc = st.descriptor if st is not None else None
-            if st is None or desc is None or desc.key != key.hex() or not checksum_known(desc.checksum) or \
-                    not verify_checksum(st.payload, desc.checksum):  # fmt: skip
+            problem = "missing" if st is None else _payload_problem(key, st)
+            if problem:
                 self.forget_peer(key, group, tier, node)
-                log.warning("peer state refused", node=node, tier=tier, key=key.hex(), group=group,
-                            why="missing" if st is None else "not the block's or checksum mismatch")  # fmt: skip
-                out.append(None)
-            else:
-                out.append(st)
+                log.warning("peer state refused", node=node, tier=tier, key=key.hex(), group=group, why=problem)
+            out.append(None if problem else st)
         return out
 
     def forget_peer(self, key: bytes, group: int, tier: str, node: str) -> int:
@@ -312,13 +327,13 @@ class Hierarchy:
         A mismatch is quarantined. A checksum this version cannot compute (written by a newer one) is refused
         without deleting anything: the entry leaves this kernel's index, the payload stays for whoever can read it.
         """
-        desc, hexkey = got.descriptor, key.hex()
-        if desc.key == hexkey and not checksum_known(desc.checksum):
+        problem = _payload_problem(key, got)
+        if problem == _UNKNOWN_CHECKSUM:
             self._unindex(key, group, tier)
-            log.warning("payload refused: unknown checksum algorithm", key=hexkey, group=group, tier=tier,
-                        checksum=desc.checksum.partition(":")[0])  # fmt: skip
+            log.warning("payload refused: unknown checksum algorithm", key=key.hex(), group=group, tier=tier,
+                        checksum=got.descriptor.checksum.partition(":")[0])  # fmt: skip
             return False
-        if desc.key != hexkey or not verify_checksum(got.payload, desc.checksum):
+        if problem:
             self.quarantine(key, group, tier, reason=reason)
             return False
         return True

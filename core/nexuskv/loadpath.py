@@ -209,17 +209,18 @@ class LoadPath:
         block = report.failed_block if report.failed_block is not None else 0
         page = self.keys.page_size
         at = next((s for s in plan.spans if s.start // page <= block < s.end // page), None)
-        peer = at is not None and self._source(at) != at.tier
+        peer = at if at is not None and self._source(at) != at.tier else None  # the failed block was a peer's
         tier = report.tier or (at.tier if at is not None else next(iter(sources)) if len(sources) == 1 else "")
-        source = self._source(at) if peer and at is not None else tier
+        source = self._source(peer) if peer is not None else tier
         if source:
             self.health.breaker(source).failure(report.reason or "load failed",
                                                 severe=report.corrupt or report.timeout)  # fmt: skip
         if report.corrupt and keys is not None and block < len(keys) and tier:
-            if peer and at is not None:  # nothing to delete here: the peer's entry leaves this node's index
-                self.hierarchy.forget_peer(keys[block], group, tier, at.node)
+            if peer is not None:  # nothing to delete here: the peer's entry leaves this node's index
+                self.hierarchy.forget_peer(keys[block], group, tier, peer.node)
             else:
-                self.hierarchy.quarantine(keys[block], group, tier, reason=report.reason or "reported corrupt")
+                why = report.reason or "reported corrupt by connector"
+                self.hierarchy.quarantine(keys[block], group, tier, reason=why)
         log.warning("load failed; recompute from the last good block", request_id=plan.request_id,
                     tenant=plan.tenant, tier=tier, block=block, reason=report.reason)  # fmt: skip
         return min(plan.tokens_reused, block * self.keys.page_size)

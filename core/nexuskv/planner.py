@@ -8,7 +8,7 @@ and its reuse rules allow it. Same inputs, same plan: ties break on fewer tokens
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import define, field
@@ -61,7 +61,7 @@ class Planner:
                  remote_transport: str = "", shared_tiers: Sequence[str] = ()) -> None:  # fmt: skip
         """`remote_transport` reaches other nodes (without one, only state this node can read is planned).
 
-        `shared_tiers` are this node's tiers that hold other nodes' payloads too (host-wide shm or disk, a Redis
+        `shared_tiers` are this node's tiers that hold other nodes' payloads too (a host-wide shm tier, a Redis
         server): another node's state there is read from the tier itself, not fetched from the peer.
         """
         self.cost = cost
@@ -245,7 +245,7 @@ def to_plan(
     epoch: int = 0,
     cost: CostModel,
     namespace: Namespace | None = None,
-    peer: Any = None,
+    peer: Callable[[str, str], bool] | None = None,
     remote_transport: str = "",
 ) -> Plan:
     """The `Plan` contract for a decision; spans for which `peer(tier, node)` holds go over `remote_transport`."""

@@ -60,6 +60,12 @@ class ClusterView:
         with self._cond:
             return {k: dict(v) for k, v in self._status.items()}
 
+    def status_of(self, node: str) -> dict[str, Any] | None:
+        """One member's last published status (None if unknown): what a load from that peer needs, nothing more."""
+        with self._cond:
+            got = self._status.get(node)
+            return None if got is None else dict(got)
+
     def wait_for(self, predicate: Callable[[ClusterView], bool], timeout_s: float) -> bool:
         """Wait until `predicate(view)` holds (re-checked on every change); False on timeout."""
         deadline = time.monotonic() + timeout_s

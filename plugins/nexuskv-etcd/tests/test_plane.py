@@ -56,8 +56,10 @@ def test_the_view_follows_joins_status_and_lease_ends(planes):
     assert b.members() == {"a": ea, "b": eb}
     a.publish("a", la.lease_id, {"inflight": 3, "links": {"b": {"bandwidth": 1e9}}})
     assert b.view.wait_for(lambda v: v.status().get("a", {}).get("inflight") == 3, WAIT_S)
+    assert b.view.status_of("a") == b.view.status()["a"] and b.view.status_of("nobody") is None
     t0 = time.monotonic()  # a stops renewing: its member and status keys go with its lease
     assert b.view.wait_for(lambda v: "a" not in v.members() and "a" not in v.status(), WAIT_S)
+    assert b.view.status_of("a") is None
     assert time.monotonic() - t0 < WAIT_S and b.members() == {"b": eb}
     b.revoke(lb.lease_id)
     assert a.view.wait_for(lambda v: v.members() == {}, WAIT_S)

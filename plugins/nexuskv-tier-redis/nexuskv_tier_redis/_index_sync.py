@@ -6,8 +6,8 @@ down) makes it start the registration over under the same epoch and republish ev
 (the registration expired, or Redis lost it) makes it register again; a refused registration (the epoch is
 fenced out) makes it ask the control plane for a new epoch. The follower reads every peer's event stream,
 checks that event numbers follow one another (a gap, a new registration or a restarted Redis means a resync from
-the peer's snapshot), and drops a peer's entries as soon as its liveness key expires or the control plane no
-longer lists it at that epoch.
+the peer's holding, read in chunks), and drops a peer's entries as soon as its liveness key expires or the
+control plane no longer lists it at that epoch.
 """
 
 from __future__ import annotations
