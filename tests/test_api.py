@@ -5,15 +5,15 @@ import nexuskv
 PUBLIC = {
     "AdapterIdentity", "BlockKeyer", "CHAIN_PERSON", "Calibration", "ChecksumError", "CodecCost", "CommitResult",
     "ConfigError", "ContractError", "ControlPlane", "CostProfile", "DeadlinePassed", "DescriptorEncoder",
-    "DescriptorParser", "DictIndex", "EvictionCallback", "ExtraInput", "HeapEntry", "Holding", "HoldingCodes",
-    "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "Lineage", "LinkCost",
+    "DescriptorParser", "DictIndex", "EvictionCallback", "ExtraInput", "Frequency", "HeapEntry", "Holding",
+    "HoldingCodes", "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "Lineage", "LinkCost",
     "LoadReport", "Location", "Match", "Matcher", "Materialized", "ModelIdentity", "Namespace", "NexusKVError",
-    "PersistentTierStore", "Placement", "Plan", "PlanAction", "PlanSpan", "PluginError", "PluginManager",
-    "Predicted", "PrefillCost", "Request", "SchemaVersionError", "Slo", "StateDescriptor", "StateGroup",
-    "StateKind", "StoredState", "TensorSpec", "TierStore", "TokenSpan", "TokenizerIdentity", "Transport", "Usage",
-    "__version__", "bind_request", "checksum", "configure_logging", "from_dict", "get_logger", "hookimpl",
-    "load_secret", "longest_restore_point", "parent_slot", "parse_bytes", "pick_victims", "slot_of", "to_dict",
-    "valid_restore_point", "verify_checksum"
+    "NodeState", "PersistentTierStore", "Placement", "Plan", "PlanAction", "PlanSpan", "PluginError", "PluginManager",
+    "Predicted", "PrefillCost", "Request", "RouteDecision", "RouteOption", "SchemaVersionError", "Slo",
+    "StateDescriptor", "StateGroup", "StateKind", "StoredState", "TensorSpec", "TierStore", "TokenSpan",
+    "TokenizerIdentity", "Transport", "Usage", "bind_request", "checksum", "configure_logging", "from_dict",
+    "get_logger", "hookimpl", "load_secret", "longest_restore_point", "parent_slot", "parse_bytes", "pick_victims",
+    "refreshed_priority", "slot_of", "to_dict", "valid_restore_point", "verify_checksum", "__version__"
 }  # fmt: skip
 
 

@@ -30,8 +30,9 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("decisions", {"planner", "writer", "prefetch", "config", "plugins"}),
     ("kernel parts", {"control", "keying", "decisions", "hierarchy", "sharing"}),
     ("request paths", {"writepath", "loadpath", "readpath"}),
+    ("routing", {"routing"}),
     ("facade", {"kernel"}),
-    ("applications", {"", "replay", "_demo", "cli", "testing", "stress", "builtins", "builtins.dram", "builtins.local",
+    ("applications", {"", "_demo", "cli", "testing", "stress", "builtins", "builtins.dram", "builtins.local",
                       "builtins.matcher", "builtins.keyer", "builtins.embedded", "builtins.shaped"}),
 ]  # fmt: skip
 

@@ -37,7 +37,7 @@ def test_evicts_lowest_priority_then_lru_and_calls_back():
     st_.put(s(1), b"x" * 10, D, priority=5)
     st_.put(s(2), b"x" * 10, D, priority=1)
     st_.put(s(3), b"x" * 10, D, priority=1)
-    st_.get(s(2))  # s(3) is now the least recently used among priority 1
+    st_.put(s(2), b"x" * 10, D, priority=1)  # put again: s(3) is now the least recently used among priority 1
     assert st_.put(s(4), b"x" * 10, D, priority=1)
     assert evicted == [s(3)]
     assert st_.put(s(5), b"x" * 20, D, priority=2)
@@ -120,3 +120,30 @@ def test_a_chain_larger_than_the_store_keeps_its_prefix_whatever_the_priorities(
     from nexuskv.testing import prefix_problems
 
     assert prefix_problems(lambda capacity: DramStore(capacity)) == []
+
+
+def test_a_block_read_often_outlives_blocks_read_once_and_never():
+    """GreedyDual-Size-Frequency: with priorities above the floor, reads count, not only recency."""
+    st_ = DramStore(3)
+    for i in range(3):
+        assert st_.put(s(i), b"x", D, priority=1.0)
+    for _ in range(3):
+        st_.get(s(0))  # read three times, then the others are read later (more recently)
+    st_.get(s(1))
+    order = []
+    for i in (3, 4, 5):  # newcomers valuable enough to push out anything read so far
+        before = set(st_.slots())
+        assert st_.put(s(i), b"x", D, priority=100.0)
+        order.extend(before - set(st_.slots()))
+    assert order == [s(2), s(1), s(0)]  # never read, then read once, then read three times
+
+
+def test_with_equal_priorities_it_stays_least_recently_used():
+    st_ = DramStore(2)
+    st_.put(s(0), b"x", D)
+    st_.put(s(1), b"x", D)
+    for _ in range(5):
+        st_.get(s(0))
+    st_.get(s(1))
+    st_.put(s(2), b"x", D)
+    assert s(0) not in st_ and s(1) in st_  # LRU mode: frequency plays no part

@@ -279,3 +279,11 @@ def test_a_peers_state_costs_its_tier_and_the_transport_until_measured_then_what
     assert cost.remote_ms(0, "dram", "n2", transport="tcp") == 0.0
     with pytest.raises(KeyError, match="no tier or transport 'rdma'"):
         CostModel(default_profile()).remote_ms(mib, "dram", "n2", transport="rdma")
+
+
+def test_eviction_priority_cost_and_lru():
+    m = CostModel(load_profile(REPLAY_PROFILE))
+    assert m.eviction_priority("lru", 5.0, 512) == 0.0
+    v = m.value_per_byte(512, 512) * 1e6
+    assert m.eviction_priority("cost", 5.0, 512) == pytest.approx(5.0 + v)
+    assert m.eviction_priority("cost", 0.0, 512, hits=1) == pytest.approx(2 * v)

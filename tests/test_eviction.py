@@ -1,9 +1,10 @@
 import heapq
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nexuskv import pick_victims
+from nexuskv import Frequency, pick_victims, refreshed_priority
 
 
 def _heap(entries):
@@ -59,3 +60,39 @@ def test_victims_make_exactly_enough_room_or_none(items, need, prio):
         assert used - freed + need <= capacity and all(v[0] <= prio for v in got)
         rest = [p for p, _, _ in h]
         assert not rest or all(v[0] <= min(rest) for v in got)  # lowest first
+
+
+# ------------------------------------------------------------------------------------------ frequency (GDSF)
+
+
+def test_reads_lift_a_priority_above_the_floor_again():
+    f = Frequency()
+    assert f.admit(b"a", 10.0 + 2.0, 10.0) == pytest.approx(10.0 + 2.0 * f.probation)  # never seen: on probation
+    assert f.hit(b"a", 0.0, 15.0) == 15.0 + 2.0 * 2  # one read: floor now + value * (1 + hits)
+    assert f.hit(b"a", 0.0, 15.0) == 15.0 + 2.0 * 3
+    assert refreshed_priority(1.0, 2.0, 3) == 9.0
+
+
+def test_an_evicted_block_comes_back_with_its_hits():
+    f = Frequency()
+    f.admit(b"a", 3.0, 1.0)
+    f.hit(b"a", 0.0, 1.0)
+    f.evicted(b"a")
+    assert f.admit(b"a", 3.0, 1.0) == 1.0 + 2.0 * (1 + 2)  # asked for again: its one read plus this put
+    f.forget(b"a")
+    assert f.admit(b"a", 3.0, 1.0) == pytest.approx(1.0 + 2.0 * f.probation)  # deleted: no history
+
+
+def test_lru_priorities_are_left_alone():
+    f = Frequency()
+    assert f.admit(b"a", 0.0, 0.0) == 0.0 and f.hit(b"a", 0.0, 0.0) == 0.0
+    assert f.admit(b"b", 5.0, 7.0) == 5.0  # below the floor (a rule's low priority): unchanged
+
+
+def test_the_ghost_history_is_bounded():
+    f = Frequency(history=1)
+    for i in range(500):
+        slot = i.to_bytes(4, "big")
+        f.admit(slot, 2.0, 1.0)
+        f.evicted(slot)
+    assert len(f._ghost) == 64  # history * max(64, held)

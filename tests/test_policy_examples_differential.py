@@ -180,7 +180,10 @@ def inputs(draw: st.DrawFn) -> dict[str, Any]:
         "kind": draw(st.sampled_from(["dense", "latent", "windowed", ""])),
     }
     cost = {"gain_ms": draw(gains), "t_recompute_ms": draw(gains), "ttft_ms": draw(gains)}
-    act = build_activation({"state": state, "request": request, "match": match, "cost": cost,
+    target = {"node": draw(st.sampled_from(NODES)), "queue_ms": draw(gains) * 40,
+              "running_decodes": draw(st.integers(0, 99)),
+              "labels": draw(st.sampled_from([{}, {"trust": "high"}, {"trust": "low"}, {"zone": "eu"}]))}
+    act = build_activation({"state": state, "request": request, "match": match, "cost": cost, "target": target,
                             "tier": draw(st.sampled_from(TIERS)), "node": draw(st.sampled_from(NODES))})  # fmt: skip
     act["now"] = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     return act
@@ -215,6 +218,7 @@ def test_shipped_expressions_agree_with_cel_python(native: dict[str, Any]) -> No
 def test_each_shipped_expression_on_the_test_samples(policy, kind, label, ps, fn, text):
     """Every expression on the samples of `nexuskv policy test`, so a failure names the expression."""
     native = build_activation({"state": {}, "match": {"tokens": 100, "tier": "dram"}, "cost": {"gain_ms": 1.5},
-                               "node": "edge-1"}, kind)  # fmt: skip
+                               "node": "edge-1", "target": {"node": "edge-1", "labels": {"trust": "high"},
+                                                            "queue_ms": 2500.0}}, kind)  # fmt: skip
     native["now"] = dt.datetime(2025, 1, 2, tzinfo=dt.UTC)
     check(kind, ps, fn, text, native, to_celpy(native))

@@ -59,7 +59,7 @@ def test_unknown_top_level_key(tmp_path):
 def test_unknown_rule_kind(tmp_path):
     p = one(tmp_path, {"default.toml": 'name = "default"\n\n[[evict]]\nname = "x"\nwhen = "true"\n'})
     assert at(p) == ("default.toml", "", 3, 1)
-    assert p.message == "evict: unknown rule kind (one of admit, reuse, place, share)"
+    assert p.message == "evict: unknown rule kind (one of admit, reuse, place, share, route)"
 
 
 def test_unknown_key_in_a_rule_is_located_at_its_line(tmp_path):
@@ -584,3 +584,38 @@ def test_line_ending_backslash_and_comments_do_not_confuse_the_locator(tmp_path)
     p = one(tmp_path, {"default.toml": text})
     assert at(p) == ("default.toml", "a", 5, 38)
     assert "nbyts" in p.message
+
+
+# ------------------------------------------------------------------------------------------ route rules
+
+
+def test_route_rule_errors_name_file_rule_and_position(tmp_path):
+    problems = check(tmp_path, {"default.toml": """
+        [[route]]
+        name = "typo"
+        when = "target.nodes > 1"
+
+        [[route]]
+        name = "no-weight"
+        effect = "weight"
+        when = "true"
+
+        [[route]]
+        name = "text-weight"
+        effect = "weight"
+        when = "true"
+        weight_expr = "target.node"
+        """})
+    got = {(p.rule, p.line, p.column, p.message) for p in problems}
+    assert ("typo", 3, 16, "when: unknown field 'nodes' on RouteTarget (did you mean 'node'?)") in got
+    assert ("no-weight", 6, 1, "a weight rule must set weight or weight_expr") in got
+    assert ("text-weight", 14, 16, "weight_expr: expression must evaluate to int or double, but its type is "
+            "string") in got  # fmt: skip
+    assert len(problems) == 3
+
+
+def test_route_rule_unknown_effect_and_non_positive_weight(tmp_path):
+    p = one(tmp_path, {"default.toml": '[[route]]\nname = "x"\nwhen = "true"\neffect = "prefer"\n'})
+    assert at(p)[:2] == ("default.toml", "x") and "route[0].effect" in p.message
+    p = one(tmp_path / "w", {"default.toml": '[[route]]\nname = "x"\nwhen = "true"\neffect = "weight"\nweight = 0\n'})
+    assert "route[0].weight" in p.message

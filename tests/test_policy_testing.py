@@ -200,7 +200,7 @@ def test_unknown_kind_and_unknown_policy(tmp_path, policies):
         kind = "admit"
         expect = { allowed = true }
     """)
-    assert results[0].failures == ("unknown rule kind 'evict' (one of admit, reuse, place, share)",)
+    assert results[0].failures == ("unknown rule kind 'evict' (one of admit, reuse, place, share, route)",)
     assert results[1].failures == ("unknown policy 'defualt' (have: default)",)
 
 

@@ -43,7 +43,7 @@ from nexuskv.errors import (
     PluginError,
     SchemaVersionError,
 )
-from nexuskv.eviction import HeapEntry, Lineage, parent_slot, pick_victims
+from nexuskv.eviction import Frequency, HeapEntry, Lineage, parent_slot, pick_victims, refreshed_priority
 from nexuskv.hookspecs import hookimpl
 from nexuskv.identity import CHAIN_PERSON, BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
 from nexuskv.index import DictIndex, Holding, HoldingCodes, IndexSnapshot, Location, Match, Matcher
@@ -63,6 +63,7 @@ from nexuskv.kernel import CommitResult, Kernel, KernelConfig, LoadReport, Mater
 from nexuskv.kinds import longest_restore_point, valid_restore_point
 from nexuskv.logs import bind_request, configure_logging, get_logger
 from nexuskv.plugins import PluginManager
+from nexuskv.routing import NodeState, RouteDecision, RouteOption
 from nexuskv.units import parse_bytes
 
 __version__ = "0.1.0"
@@ -85,6 +86,7 @@ __all__ = [
     "DictIndex",
     "EvictionCallback",
     "ExtraInput",
+    "Frequency",
     "HeapEntry",
     "Holding",
     "HoldingCodes",
@@ -104,6 +106,7 @@ __all__ = [
     "ModelIdentity",
     "Namespace",
     "NexusKVError",
+    "NodeState",
     "Placement",
     "Plan",
     "PlanAction",
@@ -114,6 +117,8 @@ __all__ = [
     "Predicted",
     "PrefillCost",
     "Request",
+    "RouteDecision",
+    "RouteOption",
     "SchemaVersionError",
     "Slo",
     "StateDescriptor",
@@ -138,6 +143,7 @@ __all__ = [
     "parent_slot",
     "parse_bytes",
     "pick_victims",
+    "refreshed_priority",
     "slot_of",
     "to_dict",
     "valid_restore_point",

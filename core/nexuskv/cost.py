@@ -201,3 +201,13 @@ class CostModel:
         start = max(0, depth_tokens - block_tokens)
         saved = self.recompute_ms(depth_tokens) - self.recompute_ms(start)
         return saved * (1 + hits) / max(1, block_tokens * self.bytes_per_token)
+
+    def eviction_priority(self, mode: str, floor: float, block_tokens: int, hits: int = 0) -> float:
+        """The default eviction priority of a block put into a store whose aging floor is `floor`.
+
+        `mode` "cost": GreedyDual-Size-Frequency, `floor + value_per_byte * 1e6` (the store's `Frequency` then
+        adds its reads); "lru": 0 for every block, so the store evicts least recently used first.
+        """
+        if mode == "lru":
+            return 0.0
+        return floor + self.value_per_byte(block_tokens, block_tokens, hits) * 1e6

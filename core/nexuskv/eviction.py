@@ -13,11 +13,12 @@ holds; `pick_victims` takes only blocks none of whose children stay, and never t
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Callable, Collection
 
 from nexuskv.contracts import StateDescriptor
 
-__all__ = ["HeapEntry", "Lineage", "parent_slot", "pick_victims"]
+__all__ = ["Frequency", "HeapEntry", "Lineage", "parent_slot", "pick_victims", "refreshed_priority"]
 
 HeapEntry = tuple[float, int, bytes]
 """(priority, sequence number, slot): lower priority first, older sequence first among equals."""
@@ -122,3 +123,74 @@ def pick_victims(
             heapq.heappush(heap, entry)
         return None
     return victims
+
+
+
+class Frequency:
+    """GreedyDual-Size-Frequency bookkeeping for a store: reads and re-puts lift a payload's priority.
+
+    A put's priority is taken as the store's aging floor plus the payload's value (what the kernel's default
+    priority adds above the floor: the recompute time it saves per byte). Every read counts a hit and lifts the
+    priority to `floor + value * (1 + hits)`, so state read often outlives state read once, which outlives
+    state never read. Evicted payloads leave their hit count in a bounded history (ARC's and TinyLFU's ghost
+    entries): a payload put again after it was evicted (it was asked for again) comes back with its past hits
+    plus one, which is what keeps a shared prefix that cycles through a small tier. A put at or below the floor
+    (LRU mode, or a rule's low priority) has no value and keeps its priority: recency alone decides.
+    Not thread-safe: use it under the store's lock.
+    """
+
+    def __init__(self, history: int = 4, probation: float = 0.3) -> None:
+        self._held: dict[bytes, tuple[float, int]] = {}  # slot -> (value above the floor at put, hits)
+        self._ghost: OrderedDict[bytes, int] = OrderedDict()  # evicted slot -> hits, oldest first
+        self._history = history  # the ghost holds up to `history` times as many entries as are held
+        self.probation = probation  # share of its value a payload never seen before starts with (S3-FIFO's small queue)
+
+    def admit(self, slot: bytes, priority: float, floor: float) -> float:
+        """The priority to store an incoming payload with (its past hits counted)."""
+        value = priority - floor
+        if value <= 0.0:
+            self._held[slot] = (0.0, 0)
+            return priority
+        held = self._held.get(slot)
+        hits = held[1] if held is not None else self._ghost.pop(slot, -1) + 1
+        self._held[slot] = (value, hits)
+        if hits == 0:  # never seen before: on probation, below anything that was ever asked for twice
+            return floor + value * self.probation
+        return refreshed_priority(floor, value, hits)
+
+    def hit(self, slot: bytes, priority: float, floor: float) -> float:
+        """The priority of a held payload just read."""
+        value, hits = self._held.get(slot, (0.0, 0))
+        if value <= 0.0:
+            return priority
+        self._held[slot] = (value, hits + 1)
+        return refreshed_priority(floor, value, hits + 1)
+
+    def evicted(self, slot: bytes) -> None:
+        """A payload was evicted: remember its hits for a while."""
+        held = self._held.pop(slot, None)
+        if held is not None and held[0] > 0.0:
+            self._ghost[slot] = held[1]
+            while len(self._ghost) > self._history * max(64, len(self._held)):
+                self._ghost.popitem(last=False)
+
+    def forget(self, slot: bytes) -> None:
+        """A payload was deleted or expired: no history (it was not pushed out by better state)."""
+        self._held.pop(slot, None)
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self._held.clear()
+        self._ghost.clear()
+
+
+def refreshed_priority(floor: float, value: float, hits: int) -> float:
+    """GreedyDual-Size-Frequency priority of a payload read again: `floor + value * (1 + hits)`.
+
+    `value` is what the payload's priority stood above the store's aging floor when it was put (the recompute
+    time it saves per byte, from the kernel's default priority); `hits` counts its reads since. A payload read
+    often outlives one read once, which outlives one never read; the floor (the priority of the most valuable
+    payload evicted so far) makes recent state outlive old state. A payload put at or below the floor (LRU
+    mode, or a rule's low priority) has no value above it and keeps its priority: plain recency decides.
+    """
+    return floor + value * (1 + hits)

@@ -186,11 +186,8 @@ class Hierarchy:
         to prefill outlives cheap state). Among equals the least recently used goes first. Within one prefix
         every store evicts leaves first whatever the priorities (its `Lineage`): no depth term is needed.
         """
-        if self.config.eviction == "lru":
-            return 0.0  # equal priorities: the tier evicts least recently used first
-        page = self.config.page_size
         floor = getattr(self.tiers.get(descriptor.placement.tier), "floor", 0.0)
-        return floor + self.cost.value_per_byte(page, page, descriptor.usage.hits) * 1e6
+        return self.cost.eviction_priority(self.config.eviction, floor, self.config.page_size, descriptor.usage.hits)
 
     def _demote(self, tier: str, descriptor: StateDescriptor, payload: bytes | memoryview) -> None:
         """Move an evicted payload one tier down (in cost order) instead of losing it, where it fits."""

@@ -36,6 +36,7 @@ from nexuskv.policy.loader import Policies
 from nexuskv.policy.types import plugin_functions
 from nexuskv.prefetch import Prefetcher
 from nexuskv.readpath import ReadPath
+from nexuskv.routing import NodeState, RouteDecision, Router
 from nexuskv.writepath import CommitResult, WritePath
 from nexuskv.writer import Writer
 
@@ -99,6 +100,7 @@ class Kernel:
         self.decision_log = DecisionLog(self.plugins)
         self.reads = ReadPath(cfg, self.keyring, self.index, self.planner, self.policies, self.membership,
                               self.health, self.cost, self.prefetcher, self.decision_log, self.plan_seal)  # fmt: skip
+        self.router = Router(self.reads, self.cost, self.membership, cfg.deadline_ms)
         bind = getattr(self.index, "bind", None)
         if callable(bind):  # a cluster-wide index follows this kernel's membership and publishes its holdings
             bind(self)
@@ -254,6 +256,22 @@ class Kernel:
     async def aplan(self, request: Request, **kwargs: Any) -> Plan:
         """`plan` for asyncio callers (it is CPU-bound and bounded by the deadline, so it runs inline)."""
         return self.reads.plan(request, **kwargs)
+
+    def route(self, request: Request, nodes: Sequence[NodeState], *, deadline_ms: float | None = None,
+              keys: Sequence[bytes] | None = None) -> RouteDecision:  # fmt: skip
+        """Which of `nodes` should run `request`, with each node's predicted TTFT and the reasons.
+
+        The prediction is the node's queue plus the plan that node would make from its own tiers and its peers';
+        the tenant's `route` rules exclude or weight nodes.
+
+        Deterministic; any failure inside fails open to the least-loaded node (`RouteDecision.fail_open`). See
+        `nexuskv.routing`.
+        """
+        return self.router.route(request, nodes, deadline_ms=deadline_ms, keys=keys)
+
+    async def aroute(self, request: Request, nodes: Sequence[NodeState], **kwargs: Any) -> RouteDecision:
+        """`route` for asyncio callers (CPU-bound and bounded by the deadline, so it runs inline)."""
+        return self.router.route(request, nodes, **kwargs)
 
     # ------------------------------------------------------------------------------------------ write path
 

@@ -8,7 +8,16 @@ import threading
 import time
 from collections.abc import Iterator
 
-from nexuskv import EvictionCallback, Lineage, StateDescriptor, StoredState, hookimpl, parent_slot, pick_victims
+from nexuskv import (
+    EvictionCallback,
+    Frequency,
+    Lineage,
+    StateDescriptor,
+    StoredState,
+    hookimpl,
+    parent_slot,
+    pick_victims,
+)
 
 __all__ = ["DramStore"]
 
@@ -28,6 +37,7 @@ class DramStore:
         self.name = name
         self.capacity_bytes = int(capacity_bytes)
         self._items: dict[bytes, tuple[bytes, StateDescriptor, float, int]] = {}
+        self._freq = Frequency()  # reads and re-puts lift priorities (GreedyDual-Size-Frequency)
         self._heap: list[tuple[float, int, bytes]] = []
         self._seq = itertools.count()
         self._used = 0
@@ -51,12 +61,15 @@ class DramStore:
             old = self._items.pop(slot, None)
             if old is not None:
                 self._used -= len(old[0])
+            priority = self._freq.admit(slot, priority, self.floor)
             room = len(data) <= self.capacity_bytes and self._make_room(len(data), priority, evicted,
                                                                         parent_slot(slot, descriptor))
             if not room:
                 if old is not None:  # keep what was there rather than lose both
                     self._items[slot] = old
                     self._used += len(old[0])
+                else:
+                    self._freq.forget(slot)
                 ok = False
             else:
                 seq = next(self._seq)
@@ -87,6 +100,7 @@ class DramStore:
         for prio, _, slot in victims:
             self.floor = max(self.floor, prio)  # GreedyDual aging: new state starts above what was evicted
             item = self._items.pop(slot)
+            self._freq.evicted(slot)
             self._expires.pop(slot, None)
             self._used -= len(item[0])
             self.evictions += 1
@@ -106,11 +120,13 @@ class DramStore:
             item = self._items.get(slot)
             if item is not None and self._expires and self._expires.get(slot, float("inf")) <= time.monotonic():
                 self._items.pop(slot)
+                self._freq.forget(slot)
                 self._expires.pop(slot)
                 self._used -= len(item[0])
                 expired, item = item, None
             if item is not None:
                 data, desc, prio, _ = item
+                prio = self._freq.hit(slot, prio, self.floor)
                 seq = next(self._seq)
                 self._items[slot] = (data, desc, prio, seq)
                 heapq.heappush(self._heap, (prio, seq, slot))
@@ -132,6 +148,7 @@ class DramStore:
             item = self._items.pop(slot, None)
             if item is None:
                 return False
+            self._freq.forget(slot)
             self._expires.pop(slot, None)
             self._used -= len(item[0])
             return True
@@ -155,6 +172,7 @@ class DramStore:
         """Drop everything (no eviction callbacks)."""
         with self._lock:
             self._items.clear()
+            self._freq.clear()
             self._expires.clear()
             self._heap.clear()
             self._lineage.clear()

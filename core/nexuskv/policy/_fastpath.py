@@ -172,7 +172,7 @@ def _decide(rules: Sequence[Any], code: _Code, kind: str, name: str, rev: str) -
             text = f"{rn} + ': ' + {msg}" if has_msg else rn
             out.append(f"        {target}.append({text})")
     out.append(f"    return _new(_Verdict, ({kind!r}, {name}, {rev}, allowed, cap, tuple(deciding), tuple(fired), "
-               "tuple(messages), tuple(warnings), tuple(audits), (), None))")  # fmt: skip
+               "tuple(messages), tuple(warnings), tuple(audits), (), None, None))")  # fmt: skip
     return out
 
 
@@ -193,7 +193,7 @@ def _place(rules: Sequence[Any], code: _Code, name: str, rev: str, default_tier:
                        "', priority ' + str(prio) + ')')")  # fmt: skip
         else:
             out.append(f"    return _new(_Verdict, ('place', {name}, {rev}, True, None, ({rn},), tuple(fired), (), (), "
-                       f"tuple(audits), (), _new(_Placement, (tier or {dflt}, ttl, prio))))")  # fmt: skip
+                       f"tuple(audits), (), _new(_Placement, (tier or {dflt}, ttl, prio)), None))")  # fmt: skip
     out.append(f"return _new(_Verdict, ('place', {name}, {rev}, True, None, (), tuple(fired), (), (), "
-               f"tuple(audits), (), _new(_Placement, ({dflt}, None, None))))")  # fmt: skip
+               f"tuple(audits), (), _new(_Placement, ({dflt}, None, None)), None))")  # fmt: skip
     return out

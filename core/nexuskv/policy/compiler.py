@@ -277,6 +277,18 @@ def _compile_rule(
             problem(src, rule.name, "a place rule must set at least one of tier, ttl, priority (or their _expr)",
                     where(None))  # fmt: skip
             ok = False
+    if kind == "route":
+        extra["weight"] = rule.weight
+        if rule.weight_expr:
+            fn = comp(rule.weight_expr, "weight_expr", None, "weight_expr")
+            if fn is not None and fn.type not in (INT, DOUBLE):
+                problem(src, rule.name, f"expression must evaluate to int or double, but its type is {fn.type}",
+                        where("weight_expr"), rule.weight_expr, what="weight_expr")  # fmt: skip
+                ok = False
+            extra["weight_fn"] = fn
+        elif rule.effect.value == "weight" and rule.weight is None:
+            problem(src, rule.name, "a weight rule must set weight or weight_expr", where(None))
+            ok = False
     if kind == "share":
         extra["scope"] = rule.scope
         extra["tenants"] = tuple(rule.tenants)

@@ -125,7 +125,7 @@ def _is_table_array(value: Any) -> bool:
 
 
 def _rule_at(data: Mapping[str, Any], path: str) -> str:
-    m = re.match(r"^(admit|reuse|place|share)\[(\d+)\]", path)
+    m = re.match(r"^(admit|reuse|place|share|route)\[(\d+)\]", path)
     if not m:
         return ""
     rules = data.get(m.group(1))

@@ -1,7 +1,7 @@
 """The policy file format (`schemas/policy.v1.json`) as frozen attrs classes, and the values rules see.
 
-A policy file is TOML: settings, ordered `variables`, and arrays of `admit`, `reuse`, `place` and `share`
-rules. The JSON Schema is generated from these classes like the other contracts; every field is documented in
+A policy file is TOML: settings, ordered `variables`, and arrays of `admit`, `reuse`, `place`, `share` and
+`route` rules. The JSON Schema is generated from these classes like the other contracts; every field is documented in
 `docs/policies.md`.
 """
 
@@ -23,6 +23,9 @@ __all__ = [
     "PlaceRule",
     "PolicyFile",
     "ReuseRule",
+    "RouteEffect",
+    "RouteRule",
+    "RouteTarget",
     "ShareEffect",
     "ShareRule",
 ]
@@ -57,6 +60,17 @@ class ShareEffect(enum.StrEnum):
     """The listed tenants may reuse state of this scope."""
     AUDIT = "audit"
     """Dry run: recorded, no access granted."""
+
+
+class RouteEffect(enum.StrEnum):
+    """What a `route` rule does to the candidate node it fires on."""
+
+    EXCLUDE = "exclude"
+    """The node is not a candidate for this request."""
+    WEIGHT = "weight"
+    """The node's predicted TTFT is multiplied by the rule's `weight` (several firing rules multiply)."""
+    AUDIT = "audit"
+    """Dry run: recorded in the route decision, nothing changes."""
 
 
 class Failure(enum.StrEnum):
@@ -145,6 +159,25 @@ class ShareRule:
 
 
 @define(frozen=True)
+class RouteRule:
+    """Which nodes a tenant's requests may run on, and which it prefers: evaluated once per candidate node."""
+
+    name: str = field(metadata=doc("Rule name, unique in its file and kind.", **_RULE_NAME))
+    when: str = field(metadata=doc("CEL bool over `request` and `target` (the candidate node): fires when true."))
+    match: tuple[str, ...] = field(factory=tuple, converter=tuple, metadata=doc("CEL bool preconditions."))
+    effect: RouteEffect = field(
+        default=RouteEffect.EXCLUDE, converter=RouteEffect, metadata=doc("exclude, weight or audit.")
+    )
+    weight: float | None = field(
+        default=None, metadata=doc("Multiplier of the node's predicted TTFT (`weight` effect).", exclusiveMinimum=0)
+    )
+    weight_expr: str = field(default="", metadata=doc("CEL double or int multiplier; wins over `weight`."))
+    message: str = field(default="", metadata=doc("Static message recorded when the rule fires."))
+    failure: Failure | None = field(default=None, metadata=doc("Override of the file's `failure`."))
+    description: str = field(default="", metadata=doc("What the rule is for."))
+
+
+@define(frozen=True)
 class PolicyFile:
     """One policy file: a tenant's rules (or the default), extending a parent."""
 
@@ -170,6 +203,7 @@ class PolicyFile:
     reuse: tuple[ReuseRule, ...] = field(factory=tuple, converter=tuple, metadata=doc("Reuse rules."))
     place: tuple[PlaceRule, ...] = field(factory=tuple, converter=tuple, metadata=doc("Placement rules."))
     share: tuple[ShareRule, ...] = field(factory=tuple, converter=tuple, metadata=doc("Sharing grants."))
+    route: tuple[RouteRule, ...] = field(factory=tuple, converter=tuple, metadata=doc("Routing rules."))
     schema_version: int = field(default=1, metadata=doc("Policy file format version.", const=1))
 
 
@@ -185,3 +219,18 @@ class Candidate:
     scope: str = field(default="", metadata=doc("Sharing scope of that namespace."))
     shared: bool = field(default=False, metadata=doc("True when the owner is another tenant."))
     kind: str = field(default="", metadata=doc("Layout kind: dense, latent, windowed, recurrent, hybrid."))
+
+
+@define(frozen=True)
+class RouteTarget:
+    """What a `route` rule sees as `target`: one candidate node, as the scheduler reported it and as priced."""
+
+    node: str = field(metadata=doc("The candidate node."))
+    labels: dict[str, str] = field(factory=dict, metadata=doc("Labels the scheduler gave the node (zone, gpu...)."))
+    queued_prefill_tokens: int = field(default=0, metadata=doc("Prompt tokens waiting for prefill there."))
+    running_decodes: int = field(default=0, metadata=doc("Requests decoding there."))
+    queue_ms: float = field(default=0.0, metadata=doc("Predicted wait before this request's prefill starts (ms)."))
+    reuse_tokens: int = field(default=0, metadata=doc("Tokens the plan for that node would restore."))
+    tier: str = field(default="", metadata=doc("Slowest tier that plan reads from (empty: recompute)."))
+    source: str = field(default="", metadata=doc("Node holding that state (the node itself or a peer)."))
+    predicted_ttft_ms: float = field(default=0.0, metadata=doc("Predicted TTFT there, before weights (ms)."))

@@ -22,6 +22,7 @@ from nexuskv.policy.model import (
     Candidate,
     Failure,
     PolicyFile,
+    RouteTarget,
 )
 from nexuskv.policy.types import (
     STRING,
@@ -37,7 +38,7 @@ __all__ = ["KINDS", "CompiledRule", "PolicySet", "RuleSource", "kind_env"]
 
 log = get_logger(__name__)
 
-KINDS = ("admit", "reuse", "place", "share")
+KINDS = ("admit", "reuse", "place", "share", "route")
 
 _COMMON: dict[str, CelType] = {"request": message_type(Request), "node": STRING, "now": TIMESTAMP}
 _PER_KIND: dict[str, dict[str, CelType]] = {
@@ -45,6 +46,7 @@ _PER_KIND: dict[str, dict[str, CelType]] = {
     "place": {"state": message_type(StateDescriptor)},
     "reuse": {"match": message_type(Candidate), "tier": STRING, "cost": message_type(Predicted)},
     "share": {"match": message_type(Candidate)},
+    "route": {"target": message_type(RouteTarget)},
 }
 
 
@@ -106,9 +108,10 @@ def _variables_class(kind: str, fns: Mapping[str, Compiled]) -> type[_Variables]
     return type(f"Variables_{kind}", (_Variables,), attrs_)
 
 
-_DENY, _WARN, _AUDIT, _ALLOW = 0, 1, 2, 3
+_DENY, _WARN, _AUDIT, _ALLOW, _WEIGHT = 0, 1, 2, 3, 4
 _new = tuple.__new__  # builds a Verdict without the NamedTuple constructor's Python frame
-_EFFECT_CODE = {"deny": _DENY, "warn": _WARN, "audit": _AUDIT, "allow": _ALLOW, "apply": _DENY}
+_EFFECT_CODE = {"deny": _DENY, "warn": _WARN, "audit": _AUDIT, "allow": _ALLOW, "apply": _DENY, "exclude": _DENY,
+                "weight": _WEIGHT}
 
 
 @define(frozen=True)
@@ -133,6 +136,8 @@ class CompiledRule:
     priority_fn: Compiled | None = None
     scope: str = ""
     tenants: tuple[str, ...] = ()
+    weight: float | None = None
+    weight_fn: Compiled | None = None
 
 
 class PolicySet:
@@ -214,6 +219,8 @@ class PolicySet:
         rules = self._fast[kind]
         if kind == "place":
             return self._place(act)
+        if kind == "route":
+            return self._route(act)
         flags = self._fused[kind](act)
         if flags is not None:
             if not any(flags):  # the common case: nothing fires, nothing to build
@@ -267,7 +274,50 @@ class PolicySet:
                     deciding.append(rule.name)
                     messages.append(f"{rule.name}: evaluation failed ({exc}); failing safe")
         return _new(Verdict, (kind, self.name, self.revision, allowed, cap, tuple(deciding), tuple(fired),
-                              tuple(messages), tuple(warnings), tuple(audits), tuple(errors), None))  # fmt: skip
+                              tuple(messages), tuple(warnings), tuple(audits), tuple(errors), None, None))  # fmt: skip
+
+    def _route(self, act: dict[str, Any]) -> Verdict:
+        """Every firing rule counts.
+
+        An `exclude` (or a failed rule with `failure = "deny"`) rules the node out, each `weight` multiplies its
+        predicted TTFT, audits are recorded.
+        """
+        allowed, weight = True, None
+        deciding: list[str] = []
+        fired: list[str] = []
+        messages: list[str] = []
+        audits: list[str] = []
+        errors: list[str] = []
+        for rule, matches, when, _, code in self._fast["route"]:
+            try:
+                if not all(m(act) for m in matches) or not when(act):
+                    continue
+                w = float(rule.weight_fn.fn(act)) if rule.weight_fn is not None else rule.weight  # type: ignore[arg-type]
+                if code == _WEIGHT and (w is None or not w > 0.0):
+                    raise CelEvalError(f"weight must be a positive number, got {w!r}")
+            except CelEvalError as exc:
+                errors.append(f"{rule.name}: {exc}")
+                log.warning("policy rule failed", policy=self.name, rule=rule.name, kind="route", error=str(exc),
+                            failure=rule.failure.value)  # fmt: skip
+                if rule.failure is Failure.DENY:
+                    allowed = False
+                    deciding.append(rule.name)
+                    messages.append(f"{rule.name}: evaluation failed ({exc}); node excluded")
+                continue
+            fired.append(rule.name)
+            text = f"{rule.name}: {rule.message}" if rule.message else rule.name
+            if code == _AUDIT:
+                audits.append(text)
+            elif code == _WEIGHT:
+                weight = (weight or 1.0) * w  # type: ignore[operator]
+                deciding.append(rule.name)
+                messages.append(f"{text} (x{w:g})")
+            else:
+                allowed = False
+                deciding.append(rule.name)
+                messages.append(text)
+        return Verdict("route", self.name, self.revision, allowed, None, tuple(deciding), tuple(fired),
+                       tuple(messages), (), tuple(audits), tuple(errors), None, weight)  # fmt: skip
 
     def _place(self, act: dict[str, Any]) -> Verdict:
         fired: list[str] = []
@@ -294,7 +344,7 @@ class PolicySet:
                 continue
             where = _new(Placement, (tier or self.default_tier or None, ttl, prio))
             return _new(Verdict, ("place", self.name, self.revision, True, None, (rule.name,), tuple(fired), (), (),
-                                  tuple(audits), tuple(errors), where))  # fmt: skip
+                                  tuple(audits), tuple(errors), where, None))  # fmt: skip
         return Verdict("place", self.name, self.revision, True, None, (), tuple(fired), (), (), tuple(audits),
                        tuple(errors), Placement(self.default_tier or None))  # fmt: skip
 

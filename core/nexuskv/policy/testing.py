@@ -19,7 +19,7 @@ from attrs import define
 from nexuskv.contracts import Predicted, Request, StateDescriptor, from_dict
 from nexuskv.errors import ContractError
 from nexuskv.policy.loader import Policies
-from nexuskv.policy.model import Candidate
+from nexuskv.policy.model import Candidate, RouteTarget
 from nexuskv.policy.verdict import Verdict
 
 __all__ = ["CaseResult", "build_activation", "run_tests", "sample_request", "sample_state"]
@@ -57,10 +57,10 @@ def build_activation(inputs: Mapping[str, Any], kind: str | None = None) -> dict
     and the candidate's `tier` for reuse; a reuse or share case must give its `match`.
     """
     act: dict[str, Any] = {}
-    unknown = set(inputs) - {"state", "request", "match", "cost", "tier", "node", "now"}
+    unknown = set(inputs) - {"state", "request", "match", "cost", "tier", "node", "now", "target"}
     if unknown:
         raise ContractError("policy test input", [(k, "unknown input (state, request, match, cost, tier, node, "
-                                                      "now)") for k in sorted(unknown)])  # fmt: skip
+                                                      "now, target)") for k in sorted(unknown)])  # fmt: skip
     act["request"] = _contract("request", Request, sample_request(), inputs.get("request", {}))
     if "state" in inputs:
         act["state"] = _contract("state", StateDescriptor, sample_state(), inputs["state"])
@@ -68,6 +68,8 @@ def build_activation(inputs: Mapping[str, Any], kind: str | None = None) -> dict
         act["match"] = _plain("match", Candidate, inputs["match"])
     if "cost" in inputs:
         act["cost"] = _plain("cost", Predicted, inputs["cost"])
+    if "target" in inputs:
+        act["target"] = _plain("target", RouteTarget, inputs["target"])
     for k in ("tier", "node"):
         if k in inputs:
             act[k] = str(inputs[k])
@@ -76,6 +78,10 @@ def build_activation(inputs: Mapping[str, Any], kind: str | None = None) -> dict
         act["now"] = now if isinstance(now, _dt.datetime) else _dt.datetime.fromisoformat(str(now))
     if kind in ("admit", "place") and "state" not in act:
         act["state"] = from_dict(StateDescriptor, sample_state())
+    if kind == "route" and "target" not in act:
+        raise ContractError("policy test input", [("target", "required for route cases (at least `node`)")])
+    if kind == "route":
+        act.setdefault("node", act["target"].node)
     if kind in ("reuse", "share") and "match" not in act:
         raise ContractError("policy test input", [("match", f"required for {kind} cases (at least `tokens`)")])
     if kind == "reuse":
@@ -133,7 +139,7 @@ class CaseResult:
 
 
 _EXPECTABLE = {"allowed", "max_tokens", "deciding", "fired", "messages", "warnings", "audits", "errors",
-               "tier", "ttl_s", "priority"}  # fmt: skip
+               "tier", "ttl_s", "priority", "weight"}  # fmt: skip
 
 
 def _check(verdict: Verdict, expect: Mapping[str, Any]) -> list[str]:

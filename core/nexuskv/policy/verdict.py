@@ -19,9 +19,10 @@ class Verdict(NamedTuple):
     """The answer of one policy evaluation (an immutable tuple: cheap to build on the hot path).
 
     `allowed` is False when an enforced `deny` fired (admit, reuse) or when no `share` grant allowed access.
-    `max_tokens` caps reuse (None: no cap). `deciding` names the rules that determined the outcome; `fired` every
-    rule that fired, whatever its effect. `errors` lists `rule: message` for rules whose evaluation failed (each
-    handled by its `failure` setting, which is how it may appear in `deciding`).
+    `max_tokens` caps reuse (None: no cap). For `route` rules, `allowed` False excludes the node and
+    `weight` multiplies its predicted TTFT (None: unweighted). `deciding` names the rules that determined the
+    outcome; `fired` every rule that fired, whatever its effect. `errors` lists `rule: message` for rules whose
+    evaluation failed (each handled by its `failure` setting, which is how it may appear in `deciding`).
     """
 
     kind: str
@@ -36,12 +37,13 @@ class Verdict(NamedTuple):
     audits: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     placement: Placement | None = None
+    weight: float | None = None
 
     def to_log(self) -> dict[str, object]:
         """A compact JSON-compatible record for decision logs (empty fields left out)."""
         out: dict[str, object] = {"kind": self.kind, "policy": self.policy, "revision": self.revision,
                                   "allowed": self.allowed}  # fmt: skip
-        for name in ("max_tokens", "deciding", "fired", "messages", "warnings", "audits", "errors"):
+        for name in ("max_tokens", "weight", "deciding", "fired", "messages", "warnings", "audits", "errors"):
             value = getattr(self, name)
             if value:
                 out[name] = list(value) if isinstance(value, tuple) else value

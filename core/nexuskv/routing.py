@@ -1,0 +1,221 @@
+"""Cost-aware routing: on which node should a request run? Predicted TTFT per candidate node, and the best one.
+
+A scheduler that embeds the kernel reports each candidate node's load (`NodeState`); `Kernel.route` matches the
+request once against the index (every node's holdings, when a cluster-wide index is bound), then for each node
+plans exactly as that node would (`planner.decide` with `node=`: its own tiers, peers' state over the link to
+them, the tenant's reuse rules, open breakers) and predicts
+
+    TTFT(node) = queue(node) + T_lookup + T_transfer + T_mount + T_prefill(what is not restored)
+
+`queue(node)` is the scheduler's `queue_ms` when it reports one, else the kernel's estimate from the reported
+queue: `waiting_requests * base_ms + queued_prefill_tokens * per_token_ms + running_decodes * decode_ms` (the
+profile's prefill terms). The tenant's `route` rules then exclude nodes or weight their prediction; the lowest
+weighted prediction wins, ties to the shorter queue, then the node name: the same inputs give the same answer.
+
+Anything failing on the way (a plugin, the deadline, a rule engine error) fails open to the least-loaded node,
+with the reason; a route never raises for a bad node report only (that is a `ContractError` at construction).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import define, field
+
+from nexuskv._schema import doc
+from nexuskv.contracts import Request
+from nexuskv.control import Membership
+from nexuskv.cost import CostModel
+from nexuskv.errors import DeadlinePassed
+from nexuskv.errors import check_deadline as check
+from nexuskv.logs import get_logger
+from nexuskv.planner import decide
+from nexuskv.policy.model import RouteTarget
+from nexuskv.readpath import ReadPath
+
+__all__ = ["NodeState", "RouteDecision", "RouteOption", "Router"]
+
+log = get_logger(__name__)
+
+
+def _non_negative(_: Any, attribute: Any, value: float) -> None:
+    if value is not None and not value >= 0:
+        raise ValueError(f"{attribute.name} must be >= 0, got {value!r}")
+
+
+@define(frozen=True)
+class NodeState:
+    """A candidate node as the scheduler reports it (its own bookkeeping, or the engine's metrics)."""
+
+    node: str = field(metadata=doc("Node name, as the node publishes itself (`KernelConfig.node`)."))
+    queued_prefill_tokens: int = field(default=0, validator=_non_negative,
+                                       metadata=doc("Prompt tokens waiting for prefill."))  # fmt: skip
+    waiting_requests: int = field(default=0, validator=_non_negative, metadata=doc("Requests waiting."))
+    running_decodes: int = field(default=0, validator=_non_negative, metadata=doc("Requests decoding."))
+    decode_ms: float = field(default=0.0, validator=_non_negative,
+                             metadata=doc("Prefill delay per running decode (ms), as the scheduler measures it."))
+    queue_ms: float | None = field(default=None, validator=_non_negative,
+                                   metadata=doc("The scheduler's own prediction of the wait (wins over estimates)."))
+    labels: dict[str, str] = field(factory=dict, metadata=doc("Labels route rules can read (zone, gpu, ...)."))
+    overlap_loads: bool = field(default=False, metadata=doc(
+        "The engine loads restored state while the request waits in its queue (async loading): the wait is "
+        "the longer of the two, not their sum."))  # fmt: skip
+
+
+@define(frozen=True)
+class RouteOption:
+    """One candidate node, priced."""
+
+    node: str
+    predicted_ttft_ms: float  # queue + plan, before weights
+    score_ms: float  # predicted_ttft_ms times the route rules' weight: what is compared
+    queue_ms: float
+    plan_ms: float  # lookup + transfer + mount + prefill of the rest
+    reuse_tokens: int
+    sources: tuple[str, ...]  # "tier@node" of each restored run, in order
+    spans: tuple[tuple[int, int, str, str], ...] = ()  # (first block, end block, tier, node) of each run
+    excluded: bool = False
+    weight: float = 1.0
+    rules: tuple[str, ...] = ()  # route rules that excluded or weighted it
+    messages: tuple[str, ...] = ()
+
+
+@define(frozen=True)
+class RouteDecision:
+    """Where to run a request: the chosen node (None when route rules excluded every node) and why."""
+
+    request_id: str
+    tenant: str
+    node: str | None
+    options: tuple[RouteOption, ...]
+    reasons: tuple[str, ...]
+    fail_open: bool = False
+
+    def option(self, node: str) -> RouteOption | None:
+        """The priced option of `node` (None when it was not priced: fail-open)."""
+        return next((o for o in self.options if o.node == node), None)
+
+
+def _queue_ms(cost: CostModel, ns: NodeState) -> float:
+    """The scheduler's `queue_ms`, else the estimate from the reported queue (module docstring)."""
+    if ns.queue_ms is not None:
+        return float(ns.queue_ms)
+    p = cost.profile.prefill
+    waiting = ns.waiting_requests * p.base_ms + ns.queued_prefill_tokens * p.per_token_ms
+    return waiting + ns.running_decodes * ns.decode_ms
+
+
+class Router:
+    """The kernel's routing part: `route` and its fail-open count. Thread-safe (it only reads shared state).
+
+    It plans with the read path's planner, policies and congestion figures, exactly as `plan` does.
+    """
+
+    def __init__(self, reads: ReadPath, cost: CostModel, membership: Membership, deadline_ms: float) -> None:
+        self._reads = reads
+        self._cost = cost
+        self._membership = membership
+        self._deadline_ms = deadline_ms
+        self._lock = threading.Lock()
+        self.fallbacks = 0  # routes that failed open
+
+    def route(self, request: Request, nodes: Sequence[NodeState], *, deadline_ms: float | None = None,
+              keys: Sequence[bytes] | None = None) -> RouteDecision:  # fmt: skip
+        """See `Kernel.route`."""
+        decision = self._route(request, nodes, deadline_ms=deadline_ms, keys=keys)
+        if decision.fail_open:
+            with self._lock:  # exact under many routing threads
+                self.fallbacks += 1
+        log.debug("route", request_id=request.request_id, tenant=request.tenant, node=decision.node,
+                  fail_open=decision.fail_open, reasons=list(decision.reasons))  # fmt: skip
+        return decision
+
+    def _route(self, request: Request, nodes: Sequence[NodeState], *, deadline_ms: float | None,
+               keys: Sequence[bytes] | None) -> RouteDecision:  # fmt: skip
+        if not nodes:
+            raise ValueError("route needs at least one candidate node")
+        names = [n.node for n in nodes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"route: candidate nodes repeat: {sorted({n for n in names if names.count(n) > 1})}")
+        t0 = time.perf_counter()
+        budget = deadline_ms if deadline_ms is not None else self._deadline_ms
+        end = t0 + budget / 1e3
+        reads = self._reads
+        stage = "keys"
+        try:
+            keys = reads.keys.keys(request) if keys is None else keys
+            stage = "match"
+            match = reads.match(request, keys)
+            check(end, "match")
+            stage = "policy"
+            policy = reads.policies.for_tenant(request.tenant) if reads.policies is not None else None
+            stage = "pricing"
+            options = [self._price(request, match, policy, ns, end) for ns in nodes]
+        except DeadlinePassed as exc:
+            return self._fail_open(request, nodes, f"deadline {budget:g} ms passed in {exc.stage}")
+        except Exception as exc:
+            log.exception("routing failed", stage=stage, request_id=request.request_id)
+            return self._fail_open(request, nodes, f"{stage} failed: {type(exc).__name__}: {exc}")
+        return _choose(request, options)
+
+    def _price(self, request: Request, match: Any, policy: Any, ns: NodeState, end: float) -> RouteOption:
+        """One node's option: the plan that node would make, its queue, and the route rules' verdict on it."""
+        reads, cost = self._reads, self._cost
+        decision = decide(reads.planner, request, match, policy, node=ns.node, decision_id="route",
+                          epoch=self._membership.epoch, bandwidth_scale=reads.bandwidth_scale,
+                          deadline=end)  # fmt: skip
+        chosen = decision.detail.chosen
+        tokens = len(request.token_ids)
+        reused = chosen.blocks * request.layout.page_size if chosen is not None else 0
+        plan_ms = cost.prefill_ms(tokens, min(reused, tokens))
+        sources: tuple[str, ...] = ()
+        spans: tuple[tuple[int, int, str, str], ...] = ()
+        tier, source, load_ms = "", "", 0.0
+        if chosen is not None:
+            load_ms = chosen.t_lookup_ms + chosen.t_transfer_ms
+            plan_ms += load_ms + chosen.t_mount_ms
+            spans = tuple((f, e, t, n or ns.node) for f, e, t, n in chosen.sources)
+            sources = tuple(f"{t}@{n}" for _, _, t, n in spans)
+            tier, source = chosen.slowest_tier, spans[-1][3]
+        queue = _queue_ms(cost, ns)
+        predicted = queue + plan_ms - (min(queue, load_ms) if ns.overlap_loads else 0.0)
+        weight, excluded, rules, messages = 1.0, False, (), ()
+        if policy is not None and policy.rules.get("route"):
+            target = RouteTarget(node=ns.node, labels=dict(ns.labels), queued_prefill_tokens=ns.queued_prefill_tokens,
+                                 running_decodes=ns.running_decodes, queue_ms=queue, reuse_tokens=reused, tier=tier,
+                                 source=source, predicted_ttft_ms=predicted)  # fmt: skip
+            verdict = policy.evaluate("route", {"request": request, "node": ns.node, "target": target})
+            excluded, rules, messages = not verdict.allowed, verdict.deciding, verdict.messages + verdict.audits
+            weight = verdict.weight if verdict.weight is not None else 1.0
+        return RouteOption(ns.node, predicted, predicted * weight, queue, plan_ms, reused, sources, spans, excluded,
+                           weight, tuple(rules), tuple(messages))  # fmt: skip
+
+    def _fail_open(self, request: Request, nodes: Sequence[NodeState], reason: str) -> RouteDecision:
+        node = min(nodes, key=lambda n: (_queue_ms(self._cost, n), n.running_decodes, n.node)).node
+        return RouteDecision(request.request_id, request.tenant, node, (),
+                             (f"fail-open: {reason}; least-loaded {node}",), fail_open=True)  # fmt: skip
+
+
+def _choose(request: Request, options: list[RouteOption]) -> RouteDecision:
+    """The lowest weighted prediction among the nodes not excluded (ties: shorter queue, then name), with reasons."""
+    allowed = [o for o in options if not o.excluded]
+    if not allowed:
+        reasons = ("every node excluded by route rules: " + "; ".join(f"{o.node}: {', '.join(o.rules)}"
+                                                                      for o in options),)  # fmt: skip
+        return RouteDecision(request.request_id, request.tenant, None, tuple(options), reasons)
+    best = min(allowed, key=lambda o: (round(o.score_ms, 6), round(o.queue_ms, 6), o.node))
+    how = f"reuse {best.reuse_tokens} tokens from {', '.join(best.sources)}" if best.reuse_tokens else "recompute"
+    reasons = [f"{best.node}: predicted TTFT {best.predicted_ttft_ms:.1f} ms (queue {best.queue_ms:.1f} + plan "
+               f"{best.plan_ms:.1f}: {how})"]  # fmt: skip
+    if best.weight != 1.0:
+        reasons.append(f"{best.node}: weighted x{best.weight:g} by {', '.join(best.rules)}")
+    runner_up = min((o for o in allowed if o is not best), key=lambda o: (o.score_ms, o.node), default=None)
+    if runner_up is not None:
+        reasons.append(f"next best {runner_up.node}: {runner_up.score_ms:.1f} ms")
+    excluded = [o for o in options if o.excluded]
+    if excluded:
+        reasons.append("excluded: " + "; ".join(f"{o.node} ({', '.join(o.rules)})" for o in excluded))
+    return RouteDecision(request.request_id, request.tenant, best.node, tuple(options), tuple(reasons))

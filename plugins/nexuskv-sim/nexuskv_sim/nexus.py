@@ -1,0 +1,138 @@
+"""NexusKV as a simulated scheduler: `Kernel.route` chooses the node, the plan for that node chooses the loads.
+
+One scheduler kernel per model (each with the cost profile measured for that model, `calibrate.py`) sees what a
+real deployment's scheduler sees: the nodes' load reports and holdings as the cluster view delays them (its
+cluster-wide index, here refreshed for each request's blocks from the delayed view), and its own link
+estimates, learned from every transfer the simulator reports (`observe_transfer`: local tier reads per tier,
+peer reads per peer). Nothing here reads the simulator's hardware profile or its timing.
+
+Per request: the kernel keys the request (synthetic token ids derived from the trace's hash ids, so equal ids
+give equal keys), its index is set to where each node holds the request's blocks (hbm, dram, disk; peers
+included), `route` prices every node serving the model and picks one, and the chosen option's spans become the
+fetches: from the node's own tiers or from a peer. Blocks not fetched are prefilled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nexuskv import Kernel, KernelConfig, Layout, Location, ModelIdentity, Request, StateGroup, TokenizerIdentity
+from nexuskv.routing import NodeState
+from nexuskv_sim.api import TIERS, BaseStrategy, ClusterView, Decision, Fetch, SimRequest
+from nexuskv_sim.calibrate import measured_profile
+from nexuskv_sim.profile import Profile
+from nexuskv_sim.reuse import RecentRoutes
+
+__all__ = ["NexusKVStrategy"]
+
+_SECRET = bytes(range(32))
+
+
+class NexusKVStrategy(BaseStrategy):
+    """Route with `Kernel.route`; load what the chosen node's plan says (see the module docstring)."""
+
+    name = "nexuskv"
+
+    def __init__(self, profile: Profile, *, policies: str | None = None, name: str = "nexuskv") -> None:
+        self.name = name
+        self._profile = profile
+        self._policies = policies
+        self._kernels: dict[str, Kernel] = {}
+        self._layouts: dict[str, Layout] = {}
+        self._recent = RecentRoutes()
+
+    # ------------------------------------------------------------------------------------------ kernels
+
+    def _kernel(self, model: str) -> Kernel:
+        k = self._kernels.get(model)
+        if k is None:
+            import json
+            import tempfile
+
+            from nexuskv import to_dict
+
+            prof = measured_profile(self._profile, model)
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+                json.dump(to_dict(prof), fh)
+            tiers = {t: {"store": "dram", "capacity_bytes": 1 << 20} for t in TIERS}  # pricing only: no payloads
+            cfg = KernelConfig(node="scheduler", page_size=self._profile.block_tokens, profile=fh.name, tiers=tiers,
+                               transports=("local", "tcp"), policies=self._policies, prefetch_max_tasks=0,
+                               deadline_ms=1000.0, links={"min_samples": 1})  # fmt: skip
+            k = self._kernels[model] = Kernel(cfg, secret=_SECRET)
+            self._layouts[model] = Layout(groups=[StateGroup(kind="dense", layers=1, kv_heads=1, head_dim=1)],
+                                          page_size=self._profile.block_tokens)  # fmt: skip
+        return k
+
+    def close(self) -> None:
+        """Close the scheduler kernels."""
+        for k in self._kernels.values():
+            k.close()
+        self._kernels.clear()
+
+    def _request(self, req: SimRequest) -> Request:
+        bt = req.block_tokens
+        tokens: list[int] = []
+        for j, h in enumerate(req.hash_ids):
+            n = min(bt, req.input_tokens - j * bt)
+            base = (h * bt) % (2**31 - bt)
+            tokens.extend(range(base, base + n))
+        model = ModelIdentity(name=req.model, revision="sim")
+        return Request(request_id=f"r{req.rid}", tenant=req.tenant, model=model,
+                       tokenizer=TokenizerIdentity(name="sim"), layout=self._layouts[req.model],
+                       token_ids=tokens)  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------ deciding
+
+    def decide(self, req: SimRequest, view: ClusterView) -> Decision:
+        """Route and plan with the model's scheduler kernel."""
+        kernel = self._kernel(req.model)
+        request = self._request(req)
+        keys = kernel.keys(request)
+        nodes = list(view.nodes_for(req.model))
+        self._sync_index(kernel, req, keys, nodes, view)
+        loads = view.loads()
+        sent = self._recent.since(loads)  # what this scheduler routed since each report: it knows, reports lag
+        states = []
+        for n in nodes:
+            reqs, tokens, _ = sent.get(n, (0, 0, 0))
+            states.append(NodeState(n, queued_prefill_tokens=loads[n].queued_prefill_tokens + tokens,
+                                    waiting_requests=loads[n].waiting_requests + reqs,
+                                    running_decodes=loads[n].running_decodes, overlap_loads=True))  # fmt: skip
+        d = kernel.route(request, states, keys=keys)
+        node = d.node if d.node is not None else nodes[0]
+        option = d.option(node)
+        fetches = tuple(Fetch(n, t, f, e) for f, e, t, n in option.spans) if option is not None else ()
+        reused = option.reuse_tokens if option is not None else 0
+        self._recent.add(view.now, node, max(1, req.input_tokens - reused), req.blocks)
+        return Decision(node, fetches, reason="; ".join(d.reasons))
+
+    def _sync_index(self, kernel: Kernel, req: SimRequest, keys: Sequence[bytes], nodes: Sequence[str],
+                    view: ClusterView) -> None:  # fmt: skip
+        """Make the kernel's index say where each node holds this request's blocks (as the view reports it)."""
+        index = kernel.index
+        for k in keys:
+            index.remove(k)
+        full = len(keys)
+        for n in nodes:
+            start = 0
+            for tier in TIERS:  # prefix_blocks counts a tier "or faster": each tier holds the blocks past the last
+                end = min(view.prefix_blocks(n, tier, req), full)
+                if end > start:
+                    index.insert_many(keys[start:end], Location(tier, n, 1))
+                    start = end
+
+    # ------------------------------------------------------------------------------------------ measuring
+
+    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "") -> None:
+        """Learn link estimates as the kernel's load path does: per tier for local reads, per peer for remote."""
+        for k in self._kernels.values():
+            if k.links is None:
+                continue
+            name = f"peer:{source}" if link == "nic" else tier
+            if name:
+                k.links.observe(name, float(nbytes), ms / 1e3)
+
+    def stats(self) -> Mapping[str, Any]:
+        """Route fail-opens per model."""
+        return {m: k.router.fallbacks for m, k in self._kernels.items()}

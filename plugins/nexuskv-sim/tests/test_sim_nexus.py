@@ -1,0 +1,60 @@
+"""The NexusKV strategy: Kernel.route on the cluster view, plans become fetches, links are learned."""
+
+import pytest
+from _sim_fakes import BLOCK_BYTES, FakeView, request, tiny_profile
+
+from nexuskv_sim.api import Fetch
+from nexuskv_sim.nexus import NexusKVStrategy
+from nexuskv_sim.simulate import simulate
+from nexuskv_sim.trace import TraceRecord
+
+NODES = ("n0", "n1", "n2")
+
+
+@pytest.fixture
+def nexus():
+    s = NexusKVStrategy(tiny_profile(per_token_ms=0.1))
+    yield s
+    s.close()
+
+
+def test_it_runs_where_the_prefix_is_and_loads_it_from_that_nodes_tiers(nexus):
+    view = FakeView(NODES, held={"n1": (2, 6, 10)})
+    d = nexus.decide(request(0, list(range(12))), view)
+    assert d.node == "n1"
+    assert d.fetches == (Fetch("n1", "hbm", 0, 2), Fetch("n1", "dram", 2, 6), Fetch("n1", "disk", 6, 10))
+    assert "n1: predicted TTFT" in d.reason
+
+
+def test_a_busy_holder_loses_to_an_idle_node_that_pulls_from_it_over_the_network(nexus):
+    view = FakeView(NODES, held={"n1": (10, 10, 10)}, load={"n1": {"queued": 200_000, "waiting": 20}})
+    d = nexus.decide(request(0, list(range(12))), view)
+    assert d.node != "n1"
+    assert d.fetches == (Fetch("n1", "hbm", 0, 10),)  # from the peer's GPU memory, over the NIC
+
+
+def test_requests_routed_since_the_last_report_count_as_queued(nexus):
+    view = FakeView(NODES, now=5.0)  # the last reports are from t=0
+    first = [nexus.decide(request(i, [100 * i + j for j in range(8)]), view).node for i in range(3)]
+    assert sorted(first) == sorted(NODES)  # the reports show nothing yet: the scheduler spreads what it sent
+
+
+def test_measured_transfers_change_what_it_plans(nexus):
+    req = request(0, list(range(12)))
+    view = FakeView(("n0",), held={"n0": (0, 0, 10)})
+    assert nexus.decide(req, view).fetches == (Fetch("n0", "disk", 0, 10),)  # the prior: a 2 GB/s disk
+    for _ in range(20):  # the disk turns out to take 10 s per block
+        nexus.observe_transfer("disk", BLOCK_BYTES, 10_000.0, source="n0", tier="disk")
+    assert nexus.decide(request(1, list(range(12))), view).fetches == ()  # recomputing is cheaper now
+
+
+def test_it_serves_a_whole_trace_in_the_simulator():
+    records = [TraceRecord(i * 50.0, 4 * 512, 4, [1, 2, 3, 10 + i]) for i in range(30)]
+    s = NexusKVStrategy(tiny_profile())
+    try:
+        res = simulate(records, [s], nodes=3, profile=tiny_profile())["nexuskv"]
+        assert s.stats() == {"m": 0}  # no route failed open
+    finally:
+        s.close()
+    assert res.completed == 30 and res.failed == 0
+    assert res.reused_tokens >= 29 * 3 * 512 * 0.9  # the shared 3-block prefix is reused almost every time
