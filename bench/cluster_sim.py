@@ -69,7 +69,11 @@ def routers(records: list, limit_note: str) -> dict:
     for nodes, congested in itertools.product((4, 8), (False, True)):
         label = f"{nodes} nodes, {'congested' if congested else 'normal'} links"
         t0 = time.perf_counter()
-        res = simulate(records, [*BASELINES, NexusKVStrategy(base)], nodes=nodes, congested=congested)
+        nexus = NexusKVStrategy(base)
+        try:
+            res = simulate(records, [*BASELINES, nexus], nodes=nodes, congested=congested)
+        finally:
+            nexus.close()
         print(f"\n== {label}{limit_note} ({time.perf_counter() - t0:.0f} s)\n{summary(res)}")
         best = min((r for n, r in res.items() if n != "nexuskv"), key=lambda r: r.mean_ttft_ms)
         best_p99 = min((r for n, r in res.items() if n != "nexuskv"), key=lambda r: r.p99_ttft_ms)
@@ -97,8 +101,11 @@ def mixed_eviction(n: int) -> float:
         def tiers(host: str, tier: str, cap: int, ev: str = ev) -> KernelTier:
             return KernelTier(f"{host}/{tier}", cap, profiles, eviction=ev)
 
-        out.update(simulate(records, [NexusKVStrategy(base, name=f"nexuskv, {ev} eviction")], nodes=6,
-                            engines_per_host=3, profile=prof, tier_factory=tiers))  # fmt: skip
+        nexus = NexusKVStrategy(base, name=f"nexuskv, {ev} eviction")
+        try:
+            out.update(simulate(records, [nexus], nodes=6, engines_per_host=3, profile=prof, tier_factory=tiers))
+        finally:
+            nexus.close()
     print(f"\n== mixed-model trace ({n} requests; 6 nodes on 2 hosts; dram 32 GiB, disk 128 GiB per host)")
     print(summary(out))
     plot_ttft(out, IMG / "sim_mixed_eviction.png", title="TTFT, mixed-model trace: cost-aware vs LRU eviction")

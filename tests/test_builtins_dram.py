@@ -126,16 +126,36 @@ def test_a_block_read_often_outlives_blocks_read_once_and_never():
     """GreedyDual-Size-Frequency: with priorities above the floor, reads count, not only recency."""
     st_ = DramStore(3)
     for i in range(3):
-        assert st_.put(s(i), b"x", D, priority=1.0)
+        assert st_.put(s(i), b"x", D, value=1.0)  # the kernel's default priority: floor + value
     for _ in range(3):
         st_.get(s(0))  # read three times, then the others are read later (more recently)
     st_.get(s(1))
     order = []
     for i in (3, 4, 5):  # newcomers valuable enough to push out anything read so far
         before = set(st_.slots())
-        assert st_.put(s(i), b"x", D, priority=100.0)
+        assert st_.put(s(i), b"x", D, value=100.0)
         order.extend(before - set(st_.slots()))
     assert order == [s(2), s(1), s(0)]  # never read, then read once, then read three times
+
+
+def test_explicit_priorities_keep_their_order_whatever_the_reads():
+    st_ = DramStore(2)
+    st_.put(s(0), b"x", D, priority=2.0)
+    st_.put(s(1), b"x", D, priority=10.0)
+    for _ in range(5):
+        st_.get(s(0))  # a place rule said 2: reads do not lift it above 10
+    assert st_.put(s(2), b"x", D, priority=5.0)
+    assert s(0) not in st_ and s(1) in st_
+
+
+def test_the_value_is_added_to_the_floor_the_store_has_when_it_stores():
+    st_ = DramStore(1)
+    st_.put(s(0), b"x", D, priority=7.0)
+    st_.put(s(1), b"x", D, priority=7.5)  # evicts s(0): the floor is 7 now
+    assert st_.floor == 7.0
+    st_.delete(s(1))
+    st_.put(s(2), b"x", D, priority=0.0, value=4.0)  # priced against the floor of 7, whatever the caller read
+    assert st_._items[s(2)][2] == pytest.approx(7.0 + 4.0 * 0.3)
 
 
 def test_with_equal_priorities_it_stays_least_recently_used():

@@ -65,34 +65,59 @@ def test_victims_make_exactly_enough_room_or_none(items, need, prio):
 # ------------------------------------------------------------------------------------------ frequency (GDSF)
 
 
+def admit(f, slot, floor, value=None, priority=0.0):
+    prio, entry = f.admit(slot, floor, priority, value)
+    f.record(slot, entry)
+    return prio
+
+
 def test_reads_lift_a_priority_above_the_floor_again():
     f = Frequency()
-    assert f.admit(b"a", 10.0 + 2.0, 10.0) == pytest.approx(10.0 + 2.0 * f.probation)  # never seen: on probation
-    assert f.hit(b"a", 0.0, 15.0) == 15.0 + 2.0 * 2  # one read: floor now + value * (1 + hits)
+    assert admit(f, b"a", 10.0, value=2.0) == pytest.approx(10.0 + 2.0 * f.probation)  # never seen: probation
+    assert f.hit(b"a", 0.0, 15.0) == 15.0 + 2.0 * 2  # one read: floor now + value * (1 + reads)
     assert f.hit(b"a", 0.0, 15.0) == 15.0 + 2.0 * 3
+    assert admit(f, b"a", 20.0, value=2.0) == 20.0 + 2.0 * 3  # put again while held: re-priced, reads kept
     assert refreshed_priority(1.0, 2.0, 3) == 9.0
 
 
-def test_an_evicted_block_comes_back_with_its_hits():
+def test_an_evicted_block_comes_back_with_its_reads():
     f = Frequency()
-    f.admit(b"a", 3.0, 1.0)
+    admit(f, b"a", 1.0, value=2.0)
     f.hit(b"a", 0.0, 1.0)
     f.evicted(b"a")
-    assert f.admit(b"a", 3.0, 1.0) == 1.0 + 2.0 * (1 + 2)  # asked for again: its one read plus this put
+    assert admit(f, b"a", 1.0, value=2.0) == 1.0 + 2.0 * (1 + 2)  # asked for again: its one read plus this put
     f.forget(b"a")
-    assert f.admit(b"a", 3.0, 1.0) == pytest.approx(1.0 + 2.0 * f.probation)  # deleted: no history
+    assert admit(f, b"a", 1.0, value=2.0) == pytest.approx(1.0 + 2.0 * f.probation)  # deleted: no history
 
 
-def test_lru_priorities_are_left_alone():
+def test_a_refused_put_changes_nothing():
     f = Frequency()
-    assert f.admit(b"a", 0.0, 0.0) == 0.0 and f.hit(b"a", 0.0, 0.0) == 0.0
-    assert f.admit(b"b", 5.0, 7.0) == 5.0  # below the floor (a rule's low priority): unchanged
+    admit(f, b"a", 0.0, value=2.0)
+    f.hit(b"a", 0.0, 0.0)
+    f.evicted(b"a")
+    prio, _ = f.admit(b"a", 0.0, 0.0, 2.0)  # priced, but the store could not make room: never recorded
+    assert prio == 2.0 * 3 and f._ghost == {b"a": 1}
+    admit(f, b"b", 0.0, value=2.0)
+    f.hit(b"b", 0.0, 0.0)
+    f.admit(b"b", 0.0, 0.0)  # a refused re-put with an explicit priority
+    assert f.hit(b"b", 0.0, 0.0) == 2.0 * 3  # the kept copy still counts its reads
 
 
-def test_the_ghost_history_is_bounded():
+def test_explicit_priorities_are_kept_as_given():
+    f = Frequency()
+    assert admit(f, b"a", 5.0, priority=10.0) == 10.0  # a place rule's priority: not rescaled
+    assert f.hit(b"a", 10.0, 5.0) == 10.0  # and not lifted by reads
+    assert admit(f, b"b", 0.0, value=0.0) == 0.0  # LRU mode
+
+
+def test_the_ghost_history_is_bounded_and_arguments_checked():
     f = Frequency(history=1)
     for i in range(500):
         slot = i.to_bytes(4, "big")
-        f.admit(slot, 2.0, 1.0)
+        admit(f, slot, 1.0, value=1.0)
         f.evicted(slot)
     assert len(f._ghost) == 64  # history * max(64, held)
+    with pytest.raises(ValueError, match="history"):
+        Frequency(history=-1)
+    with pytest.raises(ValueError, match="probation"):
+        Frequency(probation=-0.5)

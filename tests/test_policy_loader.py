@@ -619,3 +619,11 @@ def test_route_rule_unknown_effect_and_non_positive_weight(tmp_path):
     assert at(p)[:2] == ("default.toml", "x") and "route[0].effect" in p.message
     p = one(tmp_path / "w", {"default.toml": '[[route]]\nname = "x"\nwhen = "true"\neffect = "weight"\nweight = 0\n'})
     assert "route[0].weight" in p.message
+
+
+def test_weights_belong_to_weight_rules_and_are_finite(tmp_path):
+    p = one(tmp_path, {"default.toml": '[[route]]\nname = "x"\nwhen = "true"\nweight_expr = "2.0"\n'})
+    assert p.rule == "x" and p.message == "weight and weight_expr apply to weight rules only (this one is exclude)"
+    text = '[[route]]\nname = "y"\neffect = "weight"\nwhen = "true"\nweight = inf\n'
+    p = one(tmp_path / "inf", {"default.toml": text})
+    assert p.rule == "y" and p.message == "weight must be finite"

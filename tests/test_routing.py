@@ -141,6 +141,24 @@ def test_every_node_excluded_gives_no_node_and_says_so(tmp_path):
         assert d.reasons == ("every node excluded by route rules: x: eu-only; y: eu-only",)
 
 
+def test_an_ignored_failing_rule_is_skipped_and_its_error_reported(tmp_path):
+    rules = """
+[[route]]
+name = "zone-check"
+failure = "ignore"
+when = "target.labels['zone'] == 'ap'"
+
+[[route]]
+name = "no-weight-on-exclude"
+when = "target.running_decodes > 100"
+"""
+    req = make_request(range(64))
+    with make_kernel(policies=write_rules(tmp_path, rules)) as k:
+        d = k.route(req, [NodeState("x")])
+        assert d.node == "x" and not d.option("x").excluded
+        assert d.option("x").messages == ("error: zone-check: 1:14: no such key: 'zone'",)
+
+
 def test_a_failing_route_rule_excludes_its_node_by_default(tmp_path):
     req = make_request(range(64))
     with make_kernel(policies=write_rules(tmp_path, RULES)) as k:
@@ -171,6 +189,26 @@ def test_a_passed_deadline_fails_open():
         assert d.fail_open and d.node == "a" and "deadline 0 ms passed" in d.reasons[0]
 
 
+def test_failing_open_still_keeps_the_tenants_route_exclusions(tmp_path, monkeypatch):
+    req = make_request(range(64))
+    with make_kernel(policies=write_rules(tmp_path, RULES)) as k:
+        nodes = [NodeState("us", labels={"zone": "us", "gpu": "h100"}),
+                 NodeState("eu", queued_prefill_tokens=9000, labels={"zone": "eu", "gpu": "h100"})]  # fmt: skip
+        d = k.route(req, nodes, deadline_ms=0.0)
+        assert d.fail_open and d.node == "eu"  # the idle node is in the US: acme may not go there
+        assert d.reasons[0].endswith("least-loaded eu (excluded by route rules: us)")
+        d = k.route(req, nodes[:1], deadline_ms=0.0)
+        assert d.fail_open and d.node is None and "route rules excluded every node" in d.reasons[0]
+
+        class Broken:
+            def for_tenant(self, tenant):
+                raise RuntimeError("policy store down")
+
+        monkeypatch.setattr(k.reads, "policies", Broken())
+        d = k.route(req, nodes)
+        assert d.fail_open and d.node is None and "could not be evaluated" in d.reasons[0]
+
+
 def test_bad_node_lists_and_reports_are_errors():
     req = make_request(range(64))
     with make_kernel() as k:
@@ -178,8 +216,25 @@ def test_bad_node_lists_and_reports_are_errors():
             k.route(req, [])
         with pytest.raises(ValueError, match=r"repeat: \['a'\]"):
             k.route(req, [NodeState("a"), NodeState("a")])
-    with pytest.raises(ValueError, match="queued_prefill_tokens must be >= 0"):
-        NodeState("a", queued_prefill_tokens=-1)
+    for bad, match in ((dict(queued_prefill_tokens=-1), "queued_prefill_tokens must be an int >= 0, got -1"),
+                       (dict(running_decodes=1.5), "running_decodes must be an int"),
+                       (dict(waiting_requests=True), "waiting_requests must be an int"),
+                       (dict(decode_ms=float("inf")), "decode_ms must be a finite number >= 0, got inf"),
+                       (dict(queue_ms=float("nan")), "queue_ms must be a finite number"),
+                       (dict(labels={"zone": 1}), "labels must map strings to strings"),
+                       (dict(labels=None), "labels must map strings to strings")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            NodeState("a", **bad)
+    for node in (None, ""):
+        with pytest.raises(ValueError, match="node must be a non-empty string"):
+            NodeState(node)
+
+
+def test_a_generator_of_nodes_is_read_once_and_priced():
+    req = make_request(range(64))
+    with make_kernel() as k:
+        d = k.route(req, (NodeState(n) for n in "ab"))
+        assert d.node == "a" and len(d.options) == 2
 
 
 def test_aroute_answers_like_route():

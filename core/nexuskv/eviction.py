@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Collection
+from typing import Any
 
 from nexuskv.contracts import StateDescriptor
 
@@ -127,50 +128,60 @@ def pick_victims(
 
 
 class Frequency:
-    """GreedyDual-Size-Frequency bookkeeping for a store: reads and re-puts lift a payload's priority.
+    """GreedyDual-Size-Frequency bookkeeping for a store: reads lift a payload's priority.
 
-    A put's priority is taken as the store's aging floor plus the payload's value (what the kernel's default
-    priority adds above the floor: the recompute time it saves per byte). Every read counts a hit and lifts the
-    priority to `floor + value * (1 + hits)`, so state read often outlives state read once, which outlives
-    state never read. Evicted payloads leave their hit count in a bounded history (ARC's and TinyLFU's ghost
-    entries): a payload put again after it was evicted (it was asked for again) comes back with its past hits
-    plus one, which is what keeps a shared prefix that cycles through a small tier. A put at or below the floor
-    (LRU mode, or a rule's low priority) has no value and keeps its priority: recency alone decides.
-    Not thread-safe: use it under the store's lock.
+    A payload put with a `value` (what the kernel's default priority adds above the aging floor: the recompute
+    time it saves per byte) is stored at `floor + value * probation` the first time it is seen (S3-FIFO's small
+    queue: a block asked for once goes before any block asked for twice), and every read lifts it to
+    `floor + value * (1 + reads)`: state read often outlives state read once. The floor (the priority of the
+    most valuable payload evicted so far) makes recent state outlive old state. Evicted payloads leave their read
+    count in a bounded history (ARC's and TinyLFU's ghost entries): put again after an eviction (it was asked for
+    again), a payload comes back with its past reads plus one. A put again while held keeps its reads and is
+    re-priced against today's floor. A payload put with an explicit priority (no value: a `place` rule's, or
+    LRU mode's 0) keeps exactly that priority, reads or not.
+
+    Two steps per put, so a refused put changes nothing: `admit` prices it, `record` (after the store made
+    room) keeps the bookkeeping. Not thread-safe: use it under the store's lock, like `Lineage`.
     """
 
     def __init__(self, history: int = 4, probation: float = 0.3) -> None:
-        self._held: dict[bytes, tuple[float, int]] = {}  # slot -> (value above the floor at put, hits)
-        self._ghost: OrderedDict[bytes, int] = OrderedDict()  # evicted slot -> hits, oldest first
+        if history < 0 or not 0.0 <= probation <= 1.0:
+            raise ValueError(f"history must be >= 0 and probation in [0, 1], got {history}, {probation}")
+        self._held: dict[bytes, tuple[float, int]] = {}  # slot -> (value, reads)
+        self._ghost: OrderedDict[bytes, int] = OrderedDict()  # evicted slot -> reads, oldest first
         self._history = history  # the ghost holds up to `history` times as many entries as are held
-        self.probation = probation  # share of its value a payload never seen before starts with (S3-FIFO's small queue)
+        self.probation = probation
 
-    def admit(self, slot: bytes, priority: float, floor: float) -> float:
-        """The priority to store an incoming payload with (its past hits counted)."""
-        value = priority - floor
-        if value <= 0.0:
-            self._held[slot] = (0.0, 0)
-            return priority
+    def admit(self, slot: bytes, floor: float, priority: float, value: float | None = None) -> tuple[float, Any]:
+        """(priority to store the payload with, bookkeeping to `record` once it is stored)."""
+        if value is None or value <= 0.0:
+            return priority, (0.0, 0, False)
         held = self._held.get(slot)
-        hits = held[1] if held is not None else self._ghost.pop(slot, -1) + 1
-        self._held[slot] = (value, hits)
-        if hits == 0:  # never seen before: on probation, below anything that was ever asked for twice
-            return floor + value * self.probation
-        return refreshed_priority(floor, value, hits)
+        reads = held[1] if held is not None else self._ghost.get(slot, -1) + 1
+        prio = floor + value * self.probation if reads == 0 else refreshed_priority(floor, value, reads)
+        return prio, (value, reads, held is None and slot in self._ghost)
+
+    def record(self, slot: bytes, entry: Any) -> None:
+        """The payload `admit` priced is stored now."""
+        value, reads, from_ghost = entry
+        if from_ghost:
+            del self._ghost[slot]
+        self._held[slot] = (value, reads)
 
     def hit(self, slot: bytes, priority: float, floor: float) -> float:
         """The priority of a held payload just read."""
-        value, hits = self._held.get(slot, (0.0, 0))
+        value, reads = self._held.get(slot, (0.0, 0))
         if value <= 0.0:
             return priority
-        self._held[slot] = (value, hits + 1)
-        return refreshed_priority(floor, value, hits + 1)
+        self._held[slot] = (value, reads + 1)
+        return refreshed_priority(floor, value, reads + 1)
 
     def evicted(self, slot: bytes) -> None:
-        """A payload was evicted: remember its hits for a while."""
+        """A payload was evicted: remember its reads for a while."""
         held = self._held.pop(slot, None)
-        if held is not None and held[0] > 0.0:
+        if held is not None and held[0] > 0.0 and self._history:
             self._ghost[slot] = held[1]
+            self._ghost.move_to_end(slot)
             while len(self._ghost) > self._history * max(64, len(self._held)):
                 self._ghost.popitem(last=False)
 

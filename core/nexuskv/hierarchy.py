@@ -189,6 +189,15 @@ class Hierarchy:
         floor = getattr(self.tiers.get(descriptor.placement.tier), "floor", 0.0)
         return self.cost.eviction_priority(self.config.eviction, floor, self.config.page_size, descriptor.usage.hits)
 
+    def default_value(self, descriptor: StateDescriptor) -> float | None:
+        """The default priority above the floor, for a tier that counts reads (None for others).
+
+        The store adds it to its own floor under its lock, and reads lift it (`counts_reads`, `Frequency`).
+        """
+        if not getattr(self.tiers.get(descriptor.placement.tier), "counts_reads", False):
+            return None
+        return self.cost.eviction_priority(self.config.eviction, 0.0, self.config.page_size)
+
     def _demote(self, tier: str, descriptor: StateDescriptor, payload: bytes | memoryview) -> None:
         """Move an evicted payload one tier down (in cost order) instead of losing it, where it fits."""
         order = self.tier_order
@@ -197,13 +206,14 @@ class Hierarchy:
         lower = order[order.index(tier) + 1]
         desc = attrs.evolve(descriptor, placement=self.placement(lower))
         try:
-            self.put(desc, payload, priority=self.default_priority(desc))
+            self.put(desc, payload, priority=self.default_priority(desc), value=self.default_value(desc))
         except Exception as exc:  # a failing lower tier loses the payload, never the request
             self.health.breaker(lower).failure(f"demotion put failed: {exc!r}")
 
     # ------------------------------------------------------------------------------------------ store / load
 
-    def put(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float = 0.0) -> bool:
+    def put(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float = 0.0,
+            value: float | None = None) -> bool:
         """Store a payload in its descriptor's tier and index it; False when the tier refused it.
 
         The payload must match the descriptor's checksum (a `ChecksumError` otherwise): nothing unverifiable
@@ -217,7 +227,7 @@ class Hierarchy:
         parent = bytes.fromhex(descriptor.parent_key) if descriptor.parent_key else None
         if self.orphan(parent, descriptor.layout, descriptor.group):
             return False
-        return self.store(descriptor, payload, priority)
+        return self.store(descriptor, payload, priority, value=value)
 
     def orphan(self, parent: bytes | None, layout: Layout, group: int) -> bool:
         """True for a paged block (of `group`, continuing block `parent`) whose prefix no tier holds.
@@ -237,8 +247,11 @@ class Hierarchy:
         return tier in order and than in order and order.index(tier) < order.index(than)
 
     def store(self, descriptor: StateDescriptor, payload: bytes | memoryview, priority: float,
-              ttl_s: float | None = None) -> bool:  # fmt: skip
-        """`put` for payloads whose checksum was computed or verified a moment ago (not hashed twice)."""
+              ttl_s: float | None = None, value: float | None = None) -> bool:  # fmt: skip
+        """`put` for payloads whose checksum was computed or verified a moment ago (not hashed twice).
+
+        `value` (from `default_value`) goes to stores that count reads; others get `priority` alone.
+        """
         tier = descriptor.placement.tier
         store = self.tiers.get(tier)
         if store is None:
@@ -247,8 +260,13 @@ class Hierarchy:
             descriptor = attrs.evolve(descriptor, placement=self.placement(tier))
         key = bytes.fromhex(descriptor.key)
         slot = slot_of(key, descriptor.group)
-        if not (store.put(slot, payload, descriptor, priority, ttl_s) if ttl_s is not None else
-                store.put(slot, payload, descriptor, priority)):  # fmt: skip
+        if value is not None:
+            ok = store.put(slot, payload, descriptor, priority, ttl_s, value=value)  # type: ignore[call-arg]
+        elif ttl_s is not None:
+            ok = store.put(slot, payload, descriptor, priority, ttl_s)
+        else:
+            ok = store.put(slot, payload, descriptor, priority)
+        if not ok:
             return False
         self.index.insert(key, Location(tier, self.node, descriptor.placement.epoch), 1 << descriptor.group)
         return True

@@ -18,6 +18,7 @@ with the reason; a route never raises for a bad node report only (that is a `Con
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -41,25 +42,43 @@ __all__ = ["NodeState", "RouteDecision", "RouteOption", "Router"]
 log = get_logger(__name__)
 
 
-def _non_negative(_: Any, attribute: Any, value: float) -> None:
-    if value is not None and not value >= 0:
-        raise ValueError(f"{attribute.name} must be >= 0, got {value!r}")
+def _count(_: Any, attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"NodeState.{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _ms(_: Any, attribute: Any, value: Any) -> None:
+    if value is None and attribute.name == "queue_ms":
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValueError(f"NodeState.{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+def _node(_: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"NodeState.node must be a non-empty string, got {value!r}")
+
+
+def _labels(_: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError(f"NodeState.labels must map strings to strings, got {value!r}")
 
 
 @define(frozen=True)
 class NodeState:
     """A candidate node as the scheduler reports it (its own bookkeeping, or the engine's metrics)."""
 
-    node: str = field(metadata=doc("Node name, as the node publishes itself (`KernelConfig.node`)."))
-    queued_prefill_tokens: int = field(default=0, validator=_non_negative,
+    node: str = field(validator=_node, metadata=doc("Node name, as the node publishes itself (`KernelConfig.node`)."))
+    queued_prefill_tokens: int = field(default=0, validator=_count,
                                        metadata=doc("Prompt tokens waiting for prefill."))  # fmt: skip
-    waiting_requests: int = field(default=0, validator=_non_negative, metadata=doc("Requests waiting."))
-    running_decodes: int = field(default=0, validator=_non_negative, metadata=doc("Requests decoding."))
-    decode_ms: float = field(default=0.0, validator=_non_negative,
+    waiting_requests: int = field(default=0, validator=_count, metadata=doc("Requests waiting."))
+    running_decodes: int = field(default=0, validator=_count, metadata=doc("Requests decoding."))
+    decode_ms: float = field(default=0.0, validator=_ms,
                              metadata=doc("Prefill delay per running decode (ms), as the scheduler measures it."))
-    queue_ms: float | None = field(default=None, validator=_non_negative,
+    queue_ms: float | None = field(default=None, validator=_ms,
                                    metadata=doc("The scheduler's own prediction of the wait (wins over estimates)."))
-    labels: dict[str, str] = field(factory=dict, metadata=doc("Labels route rules can read (zone, gpu, ...)."))
+    labels: dict[str, str] = field(factory=dict, validator=_labels,
+                                   metadata=doc("Labels route rules can read (zone, gpu, ...)."))
     overlap_loads: bool = field(default=False, metadata=doc(
         "The engine loads restored state while the request waits in its queue (async loading): the wait is "
         "the longer of the two, not their sum."))  # fmt: skip
@@ -81,6 +100,8 @@ class RouteOption:
     weight: float = 1.0
     rules: tuple[str, ...] = ()  # route rules that excluded or weighted it
     messages: tuple[str, ...] = ()
+    prefetch: tuple[tuple[int, int, str, str], ...] = ()  # runs past the plan worth moving into `prefetch_to`
+    prefetch_to: str = ""
 
 
 @define(frozen=True)
@@ -135,6 +156,7 @@ class Router:
 
     def _route(self, request: Request, nodes: Sequence[NodeState], *, deadline_ms: float | None,
                keys: Sequence[bytes] | None) -> RouteDecision:  # fmt: skip
+        nodes = tuple(nodes)
         if not nodes:
             raise ValueError("route needs at least one candidate node")
         names = [n.node for n in nodes]
@@ -161,12 +183,36 @@ class Router:
             return self._fail_open(request, nodes, f"{stage} failed: {type(exc).__name__}: {exc}")
         return _choose(request, options)
 
+    def _excluded(self, request: Request, nodes: Sequence[NodeState]) -> dict[str, tuple[str, ...]] | None:
+        """Nodes the tenant's route rules exclude, judged without a plan: fail-open keeps the restrictions.
+
+        None when the rules cannot be evaluated (then no node can be shown to be allowed).
+        """
+        try:
+            policies = self._reads.policies
+            policy = policies.for_tenant(request.tenant) if policies is not None else None
+            if policy is None or not policy.rules.get("route"):
+                return {}
+            out = {}
+            for ns in nodes:
+                queue = _queue_ms(self._cost, ns)
+                target = RouteTarget(node=ns.node, labels=dict(ns.labels), queue_ms=queue, predicted_ttft_ms=queue,
+                                     queued_prefill_tokens=ns.queued_prefill_tokens,
+                                     running_decodes=ns.running_decodes)  # fmt: skip
+                verdict = policy.evaluate("route", {"request": request, "node": ns.node, "target": target})
+                if not verdict.allowed:
+                    out[ns.node] = verdict.deciding
+            return out
+        except Exception:
+            log.exception("route rules failed while failing open", request_id=request.request_id)
+            return None
+
     def _price(self, request: Request, match: Any, policy: Any, ns: NodeState, end: float) -> RouteOption:
         """One node's option: the plan that node would make, its queue, and the route rules' verdict on it."""
         reads, cost = self._reads, self._cost
         decision = decide(reads.planner, request, match, policy, node=ns.node, decision_id="route",
                           epoch=self._membership.epoch, bandwidth_scale=reads.bandwidth_scale,
-                          deadline=end)  # fmt: skip
+                          prefetch_target=reads.prefetch_target, deadline=end)  # fmt: skip
         chosen = decision.detail.chosen
         tokens = len(request.token_ids)
         reused = chosen.blocks * request.layout.page_size if chosen is not None else 0
@@ -188,15 +234,27 @@ class Router:
                                  running_decodes=ns.running_decodes, queue_ms=queue, reuse_tokens=reused, tier=tier,
                                  source=source, predicted_ttft_ms=predicted)  # fmt: skip
             verdict = policy.evaluate("route", {"request": request, "node": ns.node, "target": target})
-            excluded, rules, messages = not verdict.allowed, verdict.deciding, verdict.messages + verdict.audits
+            excluded, rules = not verdict.allowed, verdict.deciding
+            messages = verdict.messages + verdict.audits + tuple(f"error: {e}" for e in verdict.errors)
             weight = verdict.weight if verdict.weight is not None else 1.0
+        cut = spans[-1][1] if spans else 0  # what the plan loads now is not prefetched as well
+        prefetch = tuple((max(f, cut), e, t, n or ns.node) for f, e, t, n in decision.detail.prefetch if e > cut)
         return RouteOption(ns.node, predicted, predicted * weight, queue, plan_ms, reused, sources, spans, excluded,
-                           weight, tuple(rules), tuple(messages))  # fmt: skip
+                           weight, tuple(rules), tuple(messages), prefetch,
+                           reads.prefetch_target if prefetch else "")  # fmt: skip
 
     def _fail_open(self, request: Request, nodes: Sequence[NodeState], reason: str) -> RouteDecision:
-        node = min(nodes, key=lambda n: (_queue_ms(self._cost, n), n.running_decodes, n.node)).node
+        """The least-loaded node the tenant's route rules allow; no node when they cannot be evaluated."""
+        excluded = self._excluded(request, nodes)
+        allowed = [n for n in nodes if excluded is not None and n.node not in excluded]
+        if not allowed:
+            why = "its route rules could not be evaluated" if excluded is None else "route rules excluded every node"
+            return RouteDecision(request.request_id, request.tenant, None, (),
+                                 (f"fail-open: {reason}; no node: {why}",), fail_open=True)  # fmt: skip
+        node = min(allowed, key=lambda n: (_queue_ms(self._cost, n), n.running_decodes, n.node)).node
+        skipped = f" (excluded by route rules: {', '.join(sorted(excluded))})" if excluded else ""
         return RouteDecision(request.request_id, request.tenant, node, (),
-                             (f"fail-open: {reason}; least-loaded {node}",), fail_open=True)  # fmt: skip
+                             (f"fail-open: {reason}; least-loaded {node}{skipped}",), fail_open=True)  # fmt: skip
 
 
 def _choose(request: Request, options: list[RouteOption]) -> RouteDecision:
@@ -206,7 +264,7 @@ def _choose(request: Request, options: list[RouteOption]) -> RouteDecision:
         reasons = ("every node excluded by route rules: " + "; ".join(f"{o.node}: {', '.join(o.rules)}"
                                                                       for o in options),)  # fmt: skip
         return RouteDecision(request.request_id, request.tenant, None, tuple(options), reasons)
-    best = min(allowed, key=lambda o: (round(o.score_ms, 6), round(o.queue_ms, 6), o.node))
+    best = min(allowed, key=lambda o: (float(f"{o.score_ms:.9g}"), float(f"{o.queue_ms:.9g}"), o.node))
     how = f"reuse {best.reuse_tokens} tokens from {', '.join(best.sources)}" if best.reuse_tokens else "recompute"
     reasons = [f"{best.node}: predicted TTFT {best.predicted_ttft_ms:.1f} ms (queue {best.queue_ms:.1f} + plan "
                f"{best.plan_ms:.1f}: {how})"]  # fmt: skip

@@ -194,8 +194,9 @@ class WritePath:
                 desc = attrs.evolve(desc, placement=h.placement(where))
             breaker = self.health.breaker(where)
             prio = priority if priority is not None else h.default_priority(desc)
+            value = h.default_value(desc) if priority is None else None  # a rule's priority is kept as given
             try:
-                ok = h.store(desc, data, prio, ttl_s)  # describe() just computed the checksum of `data`
+                ok = h.store(desc, data, prio, ttl_s, value=value)  # describe() just computed the checksum
             except Exception as exc:
                 breaker.failure(f"put failed: {exc!r}")
                 raise
@@ -232,7 +233,8 @@ class WritePath:
         usage = attrs.evolve(desc.usage, hits=desc.usage.hits + 1, last_access_s=time.time())
         promoted = attrs.evolve(desc, placement=h.placement(target), usage=usage)
         prio = priority if priority is not None else h.default_priority(promoted)
+        value = h.default_value(promoted) if priority is None else None
         try:
-            h.store(promoted, item.payload, prio, ttl_s)  # verified by the load that read it
+            h.store(promoted, item.payload, prio, ttl_s, value=value)  # verified by the load that read it
         except Exception as exc:  # a failing faster tier loses the copy, never the state
             self.health.breaker(target).failure(f"promotion put failed: {exc!r}")

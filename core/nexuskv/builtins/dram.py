@@ -52,28 +52,33 @@ class DramStore:
         """Be told (slot, descriptor, payload) about every eviction."""
         self._on_evict = callback
 
+    counts_reads = True  # the hierarchy passes the default priority's `value`: reads lift it (`Frequency`)
+
     def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0,
-            ttl_s: float | None = None) -> bool:  # fmt: skip
-        """Store a copy of `payload`; evict lower-priority payloads to make room. False if it cannot fit."""
+            ttl_s: float | None = None, value: float | None = None) -> bool:  # fmt: skip
+        """Store a copy of `payload`; evict lower-priority payloads to make room. False if it cannot fit.
+
+        With `value` (the kernel's default priority above the aging floor) the priority is `floor + value`
+        priced by `Frequency` against this store's floor now; without, `priority` is kept as given.
+        """
         data = bytes(payload)
         evicted: list[tuple[bytes, StateDescriptor, bytes]] = []
         with self._lock:
             old = self._items.pop(slot, None)
             if old is not None:
                 self._used -= len(old[0])
-            priority = self._freq.admit(slot, priority, self.floor)
+            priority, entry = self._freq.admit(slot, self.floor, priority, value)
             room = len(data) <= self.capacity_bytes and self._make_room(len(data), priority, evicted,
                                                                         parent_slot(slot, descriptor))
             if not room:
                 if old is not None:  # keep what was there rather than lose both
                     self._items[slot] = old
                     self._used += len(old[0])
-                else:
-                    self._freq.forget(slot)
                 ok = False
             else:
                 seq = next(self._seq)
                 self._items[slot] = (data, descriptor, priority, seq)
+                self._freq.record(slot, entry)
                 heapq.heappush(self._heap, (priority, seq, slot))
                 self._lineage.add(slot, descriptor)
                 self._used += len(data)

@@ -8,6 +8,7 @@ A child's rule or variable of the same name replaces its parent's.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -288,6 +289,13 @@ def _compile_rule(
             extra["weight_fn"] = fn
         elif rule.effect.value == "weight" and rule.weight is None:
             problem(src, rule.name, "a weight rule must set weight or weight_expr", where(None))
+            ok = False
+        if rule.effect.value != "weight" and (rule.weight is not None or rule.weight_expr):
+            problem(src, rule.name, f"weight and weight_expr apply to weight rules only (this one is "
+                    f"{rule.effect.value})", where("weight_expr" if rule.weight_expr else "weight"))  # fmt: skip
+            ok = False
+        if rule.weight is not None and not rule.weight < math.inf:
+            problem(src, rule.name, "weight must be finite", where("weight"))
             ok = False
     if kind == "share":
         extra["scope"] = rule.scope

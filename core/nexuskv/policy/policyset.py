@@ -8,6 +8,7 @@ rule's `failure` setting; the safe default turns an error into an enforced deny 
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -292,9 +293,11 @@ class PolicySet:
             try:
                 if not all(m(act) for m in matches) or not when(act):
                     continue
-                w = float(rule.weight_fn.fn(act)) if rule.weight_fn is not None else rule.weight  # type: ignore[arg-type]
-                if code == _WEIGHT and (w is None or not w > 0.0):
-                    raise CelEvalError(f"weight must be a positive number, got {w!r}")
+                w = None
+                if code == _WEIGHT:  # only a weight rule's multiplier is computed (and can fail)
+                    w = float(rule.weight_fn.fn(act)) if rule.weight_fn is not None else rule.weight  # type: ignore[arg-type]
+                    if w is None or not 0.0 < w < math.inf:
+                        raise CelEvalError(f"weight must be a finite number > 0, got {w!r}")
             except CelEvalError as exc:
                 errors.append(f"{rule.name}: {exc}")
                 log.warning("policy rule failed", policy=self.name, rule=rule.name, kind="route", error=str(exc),

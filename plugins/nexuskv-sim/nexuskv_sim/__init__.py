@@ -4,7 +4,7 @@ The ground truth shares nothing with NexusKV's cost model: its own hardware prof
 package README for the model, its assumptions and the baselines.
 """
 
-from nexuskv_sim.api import BaseStrategy, ClusterView, Decision, Fetch, NodeLoad, SimRequest, Strategy
+from nexuskv_sim.api import BaseStrategy, ClusterView, Decision, Fetch, NodeLoad, Prefetch, SimRequest, Strategy
 from nexuskv_sim.metrics import SimResult, summary
 from nexuskv_sim.profile import Profile, default_profile, load_profile
 from nexuskv_sim.routers_sched import STRATEGIES, make_strategy
@@ -22,6 +22,7 @@ __all__ = [
     "Fetch",
     "LRUTier",
     "NodeLoad",
+    "Prefetch",
     "Profile",
     "SimRequest",
     "SimResult",

@@ -13,7 +13,8 @@ from typing import Protocol, runtime_checkable
 
 from attrs import define, field
 
-__all__ = ["BaseStrategy", "ClusterView", "Decision", "Fetch", "NodeLoad", "SimRequest", "Strategy", "TIERS"]
+__all__ = ["BaseStrategy", "ClusterView", "Decision", "Fetch", "NodeLoad", "Prefetch", "SimRequest", "Strategy",
+           "TIERS"]
 
 TIERS = ("hbm", "dram", "disk")  # fastest first
 
@@ -66,12 +67,25 @@ class Fetch:
 
 
 @define(frozen=True)
+class Prefetch:
+    """Move blocks [start, end) of the request from the chosen node's host `tier` into its hbm, in the background.
+
+    For the next request of this prefix; the bytes go over the links like any load.
+    """
+
+    tier: str
+    start: int
+    end: int
+
+
+@define(frozen=True)
 class Decision:
     """Where to run a request and what to load first; fetches are contiguous from block 0, in order."""
 
     node: str
     fetches: tuple[Fetch, ...] = field(default=(), converter=tuple)
     reason: str = ""
+    prefetches: tuple[Prefetch, ...] = field(default=(), converter=tuple)
 
 
 class ClusterView(Protocol):
@@ -117,10 +131,12 @@ class Strategy(Protocol):
         """Choose the node and fetches for `req`."""
         ...
 
-    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "") -> None:
+    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "",
+                         node: str = "") -> None:
         """Called after every completed fetch with its link kind ("pcie", "disk", "nic"), bytes and duration.
 
-        `source` is the node the fetch read from and `tier` the tier it asked for (what a load path knows).
+        `source` is the node the fetch read from, `tier` the tier it asked for and `node` the node it loaded into
+        (what a load path knows).
         """
         ...
 
@@ -138,7 +154,8 @@ class BaseStrategy:
         """Choose the node and fetches for `req`."""
         raise NotImplementedError
 
-    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "") -> None:
+    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "",
+                         node: str = "") -> None:
         """Ignore transfer measurements."""
 
     def observe_done(self, req: SimRequest, node: str, ttft_ms: float) -> None:

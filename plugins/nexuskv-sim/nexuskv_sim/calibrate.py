@@ -39,7 +39,8 @@ def prefill_samples(profile: Profile, model: str, lengths: tuple[int, ...] = LEN
     from nexuskv_sim.simulate import simulate
 
     gap = 10_000_000.0  # far apart: each request runs alone
-    records = [TraceRecord(i * gap, n, 1, list(range(10**9 + i * 1000, 10**9 + i * 1000 + -(-n // 512))), model)
+    bt = profile.block_tokens
+    records = [TraceRecord(i * gap, n, 1, list(range(10**9 + i * 1000, 10**9 + i * 1000 + -(-n // bt))), model)
                for i, n in enumerate(lengths)]  # fmt: skip
     res = simulate(records, [_Idle()], node_models={"n0": model}, profile=profile)["calibration"]
     return list(zip(lengths, res.ttft_ms, strict=True))

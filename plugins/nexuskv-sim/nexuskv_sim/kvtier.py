@@ -1,9 +1,9 @@
 """A simulated tier that evicts with NexusKV's own code: the kernel's DRAM store and its default priorities.
 
 `KernelTier` implements the simulator's `BlockTier` on `nexuskv.builtins.dram.DramStore` (its priority heap,
-`Frequency` (reads and re-puts lift priorities, a ghost history remembers evicted blocks) and `Lineage` (a
-prefix is never evicted while a continuation stays)), with every block's priority from
-`CostModel.eviction_priority`, exactly what the kernel's hierarchy gives a committed block. `eviction="lru"` is
+`Frequency` (reads lift priorities, a ghost history remembers evicted blocks) and `Lineage` (a prefix is never
+evicted while a continuation stays)), with every block's value from `CostModel.eviction_priority`, exactly what
+the kernel's hierarchy gives a committed block (`Hierarchy.default_value`). `eviction="lru"` is
 the same store with every priority 0: least recently used first, so the two differ only in the policy.
 
 Payloads are stand-ins scaled down by `scale` (a 64 MiB block is stored as 1 KiB of zeros, capacities alike):
@@ -70,20 +70,21 @@ class KernelTier:
         self._store.get(_slot(key))
 
     def insert(self, key: Hashable, meta: BlockMeta) -> list[Hashable]:
-        """Put the block with the kernel's default priority; return the blocks the store evicted for it."""
+        """Put the block with the kernel's default priority; return the blocks the store evicted for it.
+
+        A block already held is put again, as the kernel's writer re-puts committed state (re-priced against
+        today's floor, its reads kept; not counted as a read).
+        """
         slot = _slot(key)
-        if slot in self._store:
-            self._store.get(slot)
-            return []
         parent = None
         if meta.parent is not None and isinstance(key, tuple):
             parent = _slot((*key[:-1], meta.parent))[:-1].hex()
         nbytes = max(1, meta.nbytes // self._scale)
         desc = attrs.evolve(self._template, key=slot[:-1].hex(), parent_key=parent, nbytes=nbytes)
-        cost = self._costs[meta.model]
-        priority = cost.eviction_priority(self.eviction, self._store.floor, self._block_tokens)
+        value = self._costs[meta.model].eviction_priority(self.eviction, 0.0, self._block_tokens)
         self._gone = []
-        if self._store.put(slot, bytes(desc.nbytes), desc, priority):
+        held = slot in self._keys
+        if self._store.put(slot, bytes(desc.nbytes), desc, 0.0, value=value) and not held:
             self._keys[slot] = key
             self._sizes[slot] = meta.nbytes
             self._used += meta.nbytes

@@ -35,6 +35,7 @@ class SimResult:
     reused_tokens: int = 0  # tokens not prefilled: held in hbm or loaded
     bytes_by_link: dict[str, int] = field(factory=dict)  # "pcie", "disk", "nic"
     fetches_by_source: dict[str, int] = field(factory=dict)  # "local:dram", "peer:hbm", ...
+    prefetched_blocks: int = 0  # blocks background prefetches moved into a node's hbm
     load_misses: int = 0  # fetches cut short because their blocks were gone when they ran
     load_miss_blocks: int = 0  # blocks planned but not loaded because of those
     sim_ms: float = 0.0  # simulated time until the last request finished
@@ -84,6 +85,7 @@ class SimResult:
                 "slo_attainment": self.slo_attainment, "hit_ratio": self.hit_ratio,
                 "bytes_by_link": dict(self.bytes_by_link), "fetches_by_source": dict(self.fetches_by_source),
                 "load_misses": self.load_misses, "load_miss_blocks": self.load_miss_blocks,
+                "prefetched_blocks": self.prefetched_blocks,
                 "sim_ms": self.sim_ms, "wall_s": self.wall_s, "decide_s": self.decide_s}  # fmt: skip
 
 

@@ -14,12 +14,13 @@ fetches: from the node's own tiers or from a peer. Blocks not fetched are prefil
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nexuskv import Kernel, KernelConfig, Layout, Location, ModelIdentity, Request, StateGroup, TokenizerIdentity
 from nexuskv.routing import NodeState
-from nexuskv_sim.api import TIERS, BaseStrategy, ClusterView, Decision, Fetch, SimRequest
+from nexuskv_sim.api import TIERS, BaseStrategy, ClusterView, Decision, Fetch, Prefetch, SimRequest
 from nexuskv_sim.calibrate import measured_profile
 from nexuskv_sim.profile import Profile
 from nexuskv_sim.reuse import RecentRoutes
@@ -59,7 +60,10 @@ class NexusKVStrategy(BaseStrategy):
             cfg = KernelConfig(node="scheduler", page_size=self._profile.block_tokens, profile=fh.name, tiers=tiers,
                                transports=("local", "tcp"), policies=self._policies, prefetch_max_tasks=0,
                                deadline_ms=1000.0, links={"min_samples": 1})  # fmt: skip
-            k = self._kernels[model] = Kernel(cfg, secret=_SECRET)
+            try:
+                k = self._kernels[model] = Kernel(cfg, secret=_SECRET)
+            finally:
+                os.unlink(fh.name)  # the kernel has read it
             self._layouts[model] = Layout(groups=[StateGroup(kind="dense", layers=1, kv_heads=1, head_dim=1)],
                                           page_size=self._profile.block_tokens)  # fmt: skip
         return k
@@ -103,9 +107,11 @@ class NexusKVStrategy(BaseStrategy):
         node = d.node if d.node is not None else nodes[0]
         option = d.option(node)
         fetches = tuple(Fetch(n, t, f, e) for f, e, t, n in option.spans) if option is not None else ()
+        prefetches = tuple(Prefetch(t, f, e) for f, e, t, n in option.prefetch
+                           if n == node and option.prefetch_to == "hbm") if option is not None else ()  # fmt: skip
         reused = option.reuse_tokens if option is not None else 0
         self._recent.add(view.now, node, max(1, req.input_tokens - reused), req.blocks)
-        return Decision(node, fetches, reason="; ".join(d.reasons))
+        return Decision(node, fetches, reason="; ".join(d.reasons), prefetches=prefetches)
 
     def _sync_index(self, kernel: Kernel, req: SimRequest, keys: Sequence[bytes], nodes: Sequence[str],
                     view: ClusterView) -> None:  # fmt: skip
@@ -124,12 +130,13 @@ class NexusKVStrategy(BaseStrategy):
 
     # ------------------------------------------------------------------------------------------ measuring
 
-    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "") -> None:
+    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "",
+                         node: str = "") -> None:
         """Learn link estimates as the kernel's load path does: per tier for local reads, per peer for remote."""
         for k in self._kernels.values():
             if k.links is None:
                 continue
-            name = f"peer:{source}" if link == "nic" else tier
+            name = f"peer:{source}" if source and source != node else tier  # another node's state: its link
             if name:
                 k.links.observe(name, float(nbytes), ms / 1e3)
 

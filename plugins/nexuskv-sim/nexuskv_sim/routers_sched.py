@@ -122,7 +122,8 @@ class MooncakeConductor(BaseStrategy):
             t = self._tables[model] = PrefillTable.from_profile(self.profile.model(model), self.profile.chunk_tokens)
         return t
 
-    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "") -> None:
+    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "",
+                         node: str = "") -> None:
         """Average the measured NIC bandwidth (exponentially weighted)."""
         if link == "nic" and ms > 0:
             self._nic_bytes_per_ms = 0.8 * self._nic_bytes_per_ms + 0.2 * nbytes / ms

@@ -119,6 +119,8 @@ class World:
             planned = decision.fetches[-1].end if decision.fetches else 0
             self.engines[decision.node].admit(job, max(1, req.input_tokens - req.tokens_of(planned)))
             env.process(self._load(job, decision))
+            for p in decision.prefetches:
+                env.process(self._prefetch(job, p.tier, p.start, min(p.end, req.blocks)))
 
     def _check(self, req: SimRequest, d: Decision) -> None:
         if self.node_model.get(d.node) != req.model:
@@ -186,22 +188,47 @@ class World:
             moved += nbytes
             self._put(self.hbm[node], self._hbm_rep[node], key, req, j)
         if moved:
-            self.strategy.observe_transfer(link_kind, moved, env.now - t0, source=src, tier=tier)
+            self.strategy.observe_transfer(link_kind, moved, env.now - t0, source=src, tier=tier, node=node)
         return end - start
+
+    def _prefetch(self, job: Job, tier: str, start: int, end: int) -> Generator[simpy.Event, Any, None]:
+        """Background: blocks [start, end) from the node's host `tier` (or faster) into its hbm, over the links."""
+        env, res, req, node = self.env, self.result, job.req, job.node
+        host = self.hosts[self.node_host[node]]
+        hbm = self.hbm[node]
+        nbytes = self.profile.block_bytes(req.model)
+        for j in range(start, end):
+            key = job.keys[j]
+            if hbm.contains(key):
+                continue
+            if host.dram.contains(key):
+                stages = [[host.pcie]]
+            elif tier == "disk" and host.disk.contains(key):
+                stages = [[host.disk_link], [host.pcie]]
+            else:
+                return  # gone: a prefix cannot skip a block
+            yield env.timeout(sum(link.latency_ms for links in stages for link in links))
+            for links in stages:
+                yield from hold(env, links, nbytes)
+                res.bytes_by_link[links[0].kind] = res.bytes_by_link.get(links[0].kind, 0) + nbytes
+            self._put(hbm, self._hbm_rep[node], key, req, j)
+            res.prefetched_blocks += 1
 
     # ------------------------------------------------------------------------------------------ tiers
 
     def _put(self, tier: BlockTier, replica: int, key: Hashable, req: SimRequest, j: int) -> None:
-        if tier.contains(key):
-            tier.touch(key)
-            return
+        """Write a block into a tier: a write, not a read.
+
+        A held block is put again, as engines and the kernel's writer do (an LRU tier makes it the most recent).
+        """
+        held = tier.contains(key)
         meta = BlockMeta(req.model, req.tenant, req.hash_ids[j], j, min(req.block_tokens, req.input_tokens
                          - j * req.block_tokens), self.profile.block_bytes(req.model),
                          req.hash_ids[j - 1] if j else None)  # fmt: skip
         view = self.view
         for old in tier.insert(key, meta):
             view.log(replica, old, False)
-        if tier.contains(key):
+        if not held and tier.contains(key):
             view.log(replica, key, True)
 
     def _first_token(self, job: Job) -> None:

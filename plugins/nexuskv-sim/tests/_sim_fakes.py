@@ -80,7 +80,8 @@ class Scripted(BaseStrategy):
     def decide(self, req: SimRequest, view) -> Decision:
         return Decision(self.node, self.plans.get(req.rid, ()), "scripted")
 
-    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "") -> None:
+    def observe_transfer(self, link: str, nbytes: int, ms: float, *, source: str = "", tier: str = "",
+                         node: str = "") -> None:
         self.transfers.append((link, nbytes, ms))
 
     def observe_done(self, req: SimRequest, node: str, ttft_ms: float) -> None:

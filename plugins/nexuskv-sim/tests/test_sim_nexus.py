@@ -44,7 +44,7 @@ def test_measured_transfers_change_what_it_plans(nexus):
     view = FakeView(("n0",), held={"n0": (0, 0, 10)})
     assert nexus.decide(req, view).fetches == (Fetch("n0", "disk", 0, 10),)  # the prior: a 2 GB/s disk
     for _ in range(20):  # the disk turns out to take 10 s per block
-        nexus.observe_transfer("disk", BLOCK_BYTES, 10_000.0, source="n0", tier="disk")
+        nexus.observe_transfer("disk", BLOCK_BYTES, 10_000.0, source="n0", tier="disk", node="n0")
     assert nexus.decide(request(1, list(range(12))), view).fetches == ()  # recomputing is cheaper now
 
 
@@ -58,3 +58,11 @@ def test_it_serves_a_whole_trace_in_the_simulator():
         s.close()
     assert res.completed == 30 and res.failed == 0
     assert res.reused_tokens >= 29 * 3 * 512 * 0.9  # the shared 3-block prefix is reused almost every time
+
+
+def test_transfers_from_another_node_are_learned_per_peer(nexus):
+    nexus.decide(request(0, [1]), FakeView(NODES))  # builds the model's kernel
+    nexus.observe_transfer("pcie", BLOCK_BYTES, 7.0, source="n1", tier="hbm", node="n0")  # same host, other engine
+    nexus.observe_transfer("pcie", BLOCK_BYTES, 3.0, source="n0", tier="dram", node="n0")
+    links = nexus._kernels["m"].links.snapshot()
+    assert set(links) == {"peer:n1", "dram"} and links["peer:n1"]["samples"] == 1

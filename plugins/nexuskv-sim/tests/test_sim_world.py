@@ -1,7 +1,7 @@
 import pytest
 from _sim_fakes import BLOCK, BLOCK_BYTES, Scripted, request, tiny_profile
 
-from nexuskv_sim.api import Decision, Fetch
+from nexuskv_sim.api import Decision, Fetch, Prefetch
 from nexuskv_sim.routers import RoundRobin
 from nexuskv_sim.world import World
 
@@ -83,3 +83,23 @@ def test_requests_for_unserved_models_fail_without_stopping_the_run():
     res = world([request(0, [1], model="other"), request(1, [2])], Scripted("n0")).run()
     assert (res.requests, res.failed, res.completed) == (2, 1, 1)
     assert res.slo_attainment == 0.5
+
+
+def test_a_prefetch_moves_blocks_into_hbm_in_the_background():
+    # a's blocks end up on disk only; b recomputes (a slow 4-second prefill) while a prefetch moves the 3 held
+    # blocks into hbm (disk, then PCIe: 11 ms a block), long before b's own prefill would put them there
+    p = tiny_profile(hbm_blocks=4, dram_blocks=0, disk_blocks=10, block_ms={"disk": 10.0, "pcie": 1.0},
+                     per_token_ms=1.0)  # fmt: skip
+    a = request(0, [1, 2, 3])
+    flood = request(1, [7, 8, 9, 10], at=3000.0)  # pushes a's blocks out of hbm (4 blocks of room)
+    b = request(2, [1, 2, 3, 4], at=9000.0)
+    c = request(3, [1, 2, 3, 5], at=20000.0)  # finds them in hbm
+    strat = Scripted("n0")
+    strat.decide = lambda req, view: Decision(
+        "n0", (Fetch("n0", "hbm", 0, 3),) if req.rid == 3 else (),
+        prefetches=(Prefetch("disk", 0, 3),) if req.rid == 2 else ())  # fmt: skip
+    res = world([a, flood, b, c], strat, p).run()
+    assert res.prefetched_blocks == 3
+    assert res.bytes_by_link == {"disk": 3 * BLOCK_BYTES, "pcie": 3 * BLOCK_BYTES}
+    assert res.fetches_by_source == {"local:hbm": 1} and res.load_misses == 0
+    assert res.reused_tokens == 3 * BLOCK  # c reused the prefetched blocks at no link cost
