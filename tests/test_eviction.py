@@ -121,3 +121,17 @@ def test_the_ghost_history_is_bounded_and_arguments_checked():
         Frequency(history=-1)
     with pytest.raises(ValueError, match="probation"):
         Frequency(probation=-0.5)
+
+
+def test_recording_a_block_whose_history_was_pushed_out_meanwhile():
+    f = Frequency(history=1)
+    admit(f, b"old", 0.0, value=1.0)
+    f.hit(b"old", 0.0, 0.0)
+    f.evicted(b"old")
+    prio, entry = f.admit(b"old", 0.0, 0.0, 1.0)  # priced with its history...
+    for i in range(100):  # ...then the room made for it evicts enough to push that history out
+        slot = i.to_bytes(4, "big")
+        admit(f, slot, 0.0, value=1.0)
+        f.evicted(slot)
+    f.record(b"old", entry)
+    assert prio == 1.0 * 3 and b"old" not in f._ghost and f.hit(b"old", 0.0, 0.0) == 1.0 * 4

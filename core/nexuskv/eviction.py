@@ -164,8 +164,8 @@ class Frequency:
     def record(self, slot: bytes, entry: Any) -> None:
         """The payload `admit` priced is stored now."""
         value, reads, from_ghost = entry
-        if from_ghost:
-            del self._ghost[slot]
+        if from_ghost:  # the evictions that made room may have pushed it out of the history already
+            self._ghost.pop(slot, None)
         self._held[slot] = (value, reads)
 
     def hit(self, slot: bytes, priority: float, floor: float) -> float:
