@@ -287,3 +287,14 @@ def test_eviction_priority_cost_and_lru():
     v = m.value_per_byte(512, 512) * 1e6
     assert m.eviction_priority("cost", 5.0, 512) == pytest.approx(5.0 + v)
     assert m.eviction_priority("cost", 0.0, 512, hits=1) == pytest.approx(2 * v)
+
+
+def test_eviction_value_is_the_gain_net_of_reading_the_block_back():
+    m = CostModel(load_profile(REPLAY_PROFILE))
+    gross = m.eviction_priority("cost", 0.0, 512)
+    nbytes = 512 * m.bytes_per_token
+    for tier in ("dram", "disk"):
+        net = m.eviction_priority("cost", 0.0, 512, tier=tier)
+        assert net == pytest.approx(gross - m.transfer_ms(nbytes, tier) / nbytes * 1e6)
+    assert m.eviction_priority("cost", 0.0, 512, tier="dram") > m.eviction_priority("cost", 0.0, 512, tier="disk")
+    assert m.eviction_priority("cost", 0.0, 512, tier="nowhere") == gross  # a tier without a cost: gross value

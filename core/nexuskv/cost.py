@@ -202,12 +202,19 @@ class CostModel:
         saved = self.recompute_ms(depth_tokens) - self.recompute_ms(start)
         return saved * (1 + hits) / max(1, block_tokens * self.bytes_per_token)
 
-    def eviction_priority(self, mode: str, floor: float, block_tokens: int, hits: int = 0) -> float:
+    def eviction_priority(self, mode: str, floor: float, block_tokens: int, hits: int = 0,
+                          tier: str | None = None) -> float:
         """The default eviction priority of a block put into a store whose aging floor is `floor`.
 
-        `mode` "cost": GreedyDual-Size-Frequency, `floor + value_per_byte * 1e6` (the store's `Frequency` then
-        adds its reads); "lru": 0 for every block, so the store evicts least recently used first.
+        `mode` "cost": GreedyDual-Size-Frequency, `floor + value * 1e6` with `value` the gain per byte of keeping
+        the block in `tier`: the prefill time it saves less the time to read it back from that tier (G of one
+        block, per byte; Marconi's saved compute per byte, net of the load), weighted by reuse (the store's
+        `Frequency` then adds its reads); "lru": 0 for every block, so the store evicts least recently used first.
         """
         if mode == "lru":
             return 0.0
-        return floor + self.value_per_byte(block_tokens, block_tokens, hits) * 1e6
+        value = self.value_per_byte(block_tokens, block_tokens, hits)
+        if tier is not None and (tier in self.profile.tiers or tier in self.profile.transports):
+            nbytes = max(1, block_tokens * self.bytes_per_token)
+            value = max(0.0, value - self.transfer_ms(nbytes, tier) * (1 + hits) / nbytes)
+        return floor + value * 1e6

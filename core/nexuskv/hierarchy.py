@@ -187,7 +187,8 @@ class Hierarchy:
         every store evicts leaves first whatever the priorities (its `Lineage`): no depth term is needed.
         """
         floor = getattr(self.tiers.get(descriptor.placement.tier), "floor", 0.0)
-        return self.cost.eviction_priority(self.config.eviction, floor, self.config.page_size, descriptor.usage.hits)
+        return self.cost.eviction_priority(self.config.eviction, floor, self.config.page_size, descriptor.usage.hits,
+                                           tier=descriptor.placement.tier)
 
     def default_value(self, descriptor: StateDescriptor) -> float | None:
         """The default priority above the floor, for a tier that counts reads (None for others).
@@ -196,7 +197,8 @@ class Hierarchy:
         """
         if not getattr(self.tiers.get(descriptor.placement.tier), "counts_reads", False):
             return None
-        return self.cost.eviction_priority(self.config.eviction, 0.0, self.config.page_size)
+        return self.cost.eviction_priority(self.config.eviction, 0.0, self.config.page_size,
+                                           tier=descriptor.placement.tier)
 
     def _demote(self, tier: str, descriptor: StateDescriptor, payload: bytes | memoryview) -> None:
         """Move an evicted payload one tier down (in cost order) instead of losing it, where it fits."""

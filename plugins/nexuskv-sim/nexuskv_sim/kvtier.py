@@ -81,7 +81,8 @@ class KernelTier:
             parent = _slot((*key[:-1], meta.parent))[:-1].hex()
         nbytes = max(1, meta.nbytes // self._scale)
         desc = attrs.evolve(self._template, key=slot[:-1].hex(), parent_key=parent, nbytes=nbytes)
-        value = self._costs[meta.model].eviction_priority(self.eviction, 0.0, self._block_tokens)
+        value = self._costs[meta.model].eviction_priority(self.eviction, 0.0, self._block_tokens,
+                                                          tier=self.name.rpartition("/")[2])
         self._gone = []
         held = slot in self._keys
         if self._store.put(slot, bytes(desc.nbytes), desc, 0.0, value=value) and not held:
