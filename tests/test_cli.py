@@ -165,3 +165,14 @@ def test_the_classic_hostile_files(tmp_path, text):
 def test_a_directory_or_unreadable_request_is_one_line(tmp_path):
     res = CliRunner().invoke(cli, ["keys", "--request", str(tmp_path)])
     assert res.exit_code != 0 and "Traceback" not in res.output
+
+
+def test_policy_explain_a_route_rule(tmp_path):
+    f = tmp_path / "in.json"
+    f.write_text(json.dumps({"kind": "route", "target": {"node": "gpu-7", "labels": {"trust": "low"},
+                                                         "queue_ms": 3000.0}}))  # fmt: skip
+    strict = str(Path(__file__).resolve().parents[1] / "policies" / "tenants" / "strict.toml")
+    res = CliRunner().invoke(cli, ["--log-level", "warning", "policy", "explain", strict, "--input", str(f)])
+    assert res.exit_code == 0, res.output
+    assert "rule trusted-nodes-only [exclude]: FIRED" in res.output
+    assert "allowed=False, weight=2.0, deciding=['trusted-nodes-only', 'prefer-idle']" in res.output

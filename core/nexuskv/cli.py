@@ -224,8 +224,9 @@ def policy_test(directory: str, tests_path: str | None, verbose: bool) -> None:
 @policy_grp.command("explain")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--input", "input_file", required=True, type=click.Path(dir_okay=False),
-              help="JSON: {kind?, state?, request?, match?, cost?, tier?, node?, now?} (partial, like policy tests).")
-@click.option("--kind", type=click.Choice(["admit", "reuse", "place", "share"]), default=None,
+              help="JSON: {kind?, state?, request?, match?, cost?, tier?, node?, now?, target?} (partial, like "
+                   "policy tests).")
+@click.option("--kind", type=click.Choice(["admit", "reuse", "place", "share", "route"]), default=None,
               help="Rule kind (default: the input's `kind`).")  # fmt: skip
 def policy_explain(file: Path, input_file: str, kind: str | None) -> None:
     """Which rules of FILE's policy fire for an input, and every sub-expression's value."""

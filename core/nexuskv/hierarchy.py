@@ -179,26 +179,18 @@ class Hierarchy:
         return on_evict
 
     def default_priority(self, descriptor: StateDescriptor) -> float:
-        """Eviction priority when no `place` rule gives one: cost-aware (GreedyDual-Size-Frequency).
-
-        The tier's aging floor (the priority of the most valuable state it has evicted, so recent state outlives
-        old state), plus the recompute time the model saves per byte weighted by reuse (so state that is expensive
-        to prefill outlives cheap state). Among equals the least recently used goes first. Within one prefix
-        every store evicts leaves first whatever the priorities (its `Lineage`): no depth term is needed.
-        """
-        floor = getattr(self.tiers.get(descriptor.placement.tier), "floor", 0.0)
+        """Eviction priority when no `place` rule gives one: the tier's floor plus `CostModel.eviction_priority`."""
+        tier = descriptor.placement.tier
+        floor = getattr(self.tiers.get(tier), "floor", 0.0)
         return self.cost.eviction_priority(self.config.eviction, floor, self.config.page_size, descriptor.usage.hits,
-                                           tier=descriptor.placement.tier)
+                                           tier=tier)  # fmt: skip
 
     def default_value(self, descriptor: StateDescriptor) -> float | None:
-        """The default priority above the floor, for a tier that counts reads (None for others).
-
-        The store adds it to its own floor under its lock, and reads lift it (`counts_reads`, `Frequency`).
-        """
-        if not getattr(self.tiers.get(descriptor.placement.tier), "counts_reads", False):
+        """The value alone, for a tier that counts reads (`counts_reads`: it adds its own floor under its lock)."""
+        tier = descriptor.placement.tier
+        if not getattr(self.tiers.get(tier), "counts_reads", False):
             return None
-        return self.cost.eviction_priority(self.config.eviction, 0.0, self.config.page_size,
-                                           tier=descriptor.placement.tier)
+        return self.cost.eviction_priority(self.config.eviction, 0.0, self.config.page_size, tier=tier)
 
     def _demote(self, tier: str, descriptor: StateDescriptor, payload: bytes | memoryview) -> None:
         """Move an evicted payload one tier down (in cost order) instead of losing it, where it fits."""
