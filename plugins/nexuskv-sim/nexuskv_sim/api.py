@@ -80,7 +80,10 @@ class Prefetch:
 
 @define(frozen=True)
 class Decision:
-    """Where to run a request and what to load first; fetches are contiguous from block 0, in order."""
+    """Where to run a request and what to load first; fetches are contiguous from block 0, in order.
+
+    `node` "" refuses the request (counted in `SimResult.rejected`; it never runs).
+    """
 
     node: str
     fetches: tuple[Fetch, ...] = field(default=(), converter=tuple)

@@ -31,6 +31,7 @@ class SimResult:
     requests: int = 0  # requests offered
     completed: int = 0  # requests that decoded their last token
     failed: int = 0  # requests no node could serve (no node serves their model)
+    rejected: int = 0  # requests the strategy refused (`Decision.node == ""`: route rules allow no node)
     input_tokens: int = 0
     reused_tokens: int = 0  # tokens not prefilled: held in hbm or loaded
     bytes_by_link: dict[str, int] = field(factory=dict)  # "pcie", "disk", "nic"
@@ -80,7 +81,8 @@ class SimResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (no per-request list)."""
         return {"strategy": self.strategy, "requests": self.requests, "completed": self.completed,
-                "failed": self.failed, "mean_ttft_ms": self.mean_ttft_ms, "p50_ttft_ms": self.p50_ttft_ms,
+                "failed": self.failed, "rejected": self.rejected, "mean_ttft_ms": self.mean_ttft_ms,
+                "p50_ttft_ms": self.p50_ttft_ms,
                 "p90_ttft_ms": self.p90_ttft_ms, "p99_ttft_ms": self.p99_ttft_ms, "slo_ms": self.slo_ms,
                 "slo_attainment": self.slo_attainment, "hit_ratio": self.hit_ratio,
                 "bytes_by_link": dict(self.bytes_by_link), "fetches_by_source": dict(self.fetches_by_source),

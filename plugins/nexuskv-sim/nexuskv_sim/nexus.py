@@ -104,7 +104,9 @@ class NexusKVStrategy(BaseStrategy):
                                     waiting_requests=loads[n].waiting_requests + reqs,
                                     running_decodes=loads[n].running_decodes, overlap_loads=True))  # fmt: skip
         d = kernel.route(request, states, keys=keys)
-        node = d.node if d.node is not None else nodes[0]
+        if d.node is None:  # the tenant's route rules allow none of these nodes: refused, as a scheduler would
+            return Decision("", reason="; ".join(d.reasons))
+        node = d.node
         option = d.option(node)
         fetches = tuple(Fetch(n, t, f, e) for f, e, t, n in option.spans) if option is not None else ()
         prefetches = tuple(Prefetch(t, f, e) for f, e, t, n in option.prefetch

@@ -113,6 +113,10 @@ class World:
             t = time.perf_counter()
             decision = self.strategy.decide(req, self.view)
             self._decide_s += time.perf_counter() - t
+            if decision.node == "":  # refused (the tenant's route rules allow no node): it never runs
+                res.rejected += 1
+                self.view.forget(req)
+                continue
             self._check(req, decision)
             job = Job(req, keys, decision.node)
             job.decision = decision

@@ -66,3 +66,16 @@ def test_transfers_from_another_node_are_learned_per_peer(nexus):
     nexus.observe_transfer("pcie", BLOCK_BYTES, 3.0, source="n0", tier="dram", node="n0")
     links = nexus._kernels["m"].links.snapshot()
     assert set(links) == {"peer:n1", "dram"} and links["peer:n1"]["samples"] == 1
+
+
+def test_a_request_every_node_is_excluded_from_is_refused_not_run(tmp_path):
+    (tmp_path / "default.toml").write_text('[[route]]\nname = "nowhere"\nwhen = "request.tenant == \'locked\'"\n')
+    records = [TraceRecord(i * 50.0, 2 * 512, 2, [1, 2 + i], tenant="locked" if i % 2 else "open")
+               for i in range(6)]  # fmt: skip
+    s = NexusKVStrategy(tiny_profile(), policies=str(tmp_path))
+    try:
+        res = simulate(records, [s], nodes=2, profile=tiny_profile())["nexuskv"]
+    finally:
+        s.close()
+    assert res.rejected == 3 and res.completed == 3 and res.requests == 6
+    assert res.slo_attainment == 0.5  # the refused ones never got a first token
