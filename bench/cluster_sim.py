@@ -99,7 +99,8 @@ def mixed_eviction(n: int) -> float:
     out = {}
     for ev in ("lru", "cost"):
         def tiers(host: str, tier: str, cap: int, ev: str = ev) -> KernelTier:
-            return KernelTier(f"{host}/{tier}", cap, profiles, eviction=ev)
+            # as in the kernel: the DRAM store counts reads, the disk store orders by priority alone
+            return KernelTier(f"{host}/{tier}", cap, profiles, eviction=ev, count_reads=tier == "dram")
 
         nexus = NexusKVStrategy(base, name=f"nexuskv, {ev} eviction")
         try:

@@ -167,3 +167,13 @@ def test_with_equal_priorities_it_stays_least_recently_used():
     st_.get(s(1))
     st_.put(s(2), b"x", D)
     assert s(0) not in st_ and s(1) in st_  # LRU mode: frequency plays no part
+
+
+def test_a_refused_re_put_keeps_the_old_copy_evictable():
+    st_ = DramStore(20)
+    st_.put(s(1), b"x" * 10, D, priority=1.0)
+    st_.put(s(2), b"x" * 10, D, priority=9.0)
+    assert not st_.put(s(1), b"y" * 15, D, priority=1.0)  # bigger: would need s(2) (worth more) to go
+    assert bytes(st_.get(s(1)).payload) == b"x" * 10  # the old copy is kept...
+    assert st_.put(s(3), b"z" * 10, D, priority=5.0)  # ...and is still the one evicted when room is needed
+    assert s(1) not in st_ and s(2) in st_ and s(3) in st_

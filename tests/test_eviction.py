@@ -135,3 +135,13 @@ def test_recording_a_block_whose_history_was_pushed_out_meanwhile():
         f.evicted(slot)
     f.record(b"old", entry)
     assert prio == 1.0 * 3 and b"old" not in f._ghost and f.hit(b"old", 0.0, 0.0) == 1.0 * 4
+
+
+def test_an_explicit_put_ends_a_blocks_history():
+    f = Frequency()
+    admit(f, b"a", 0.0, value=1.0)
+    f.hit(b"a", 0.0, 0.0)
+    f.evicted(b"a")
+    admit(f, b"a", 0.0, priority=3.0)  # put back with a rule's priority: its old reads no longer describe it
+    f.forget(b"a")
+    assert admit(f, b"a", 0.0, value=1.0) == pytest.approx(f.probation)

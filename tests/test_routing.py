@@ -228,6 +228,11 @@ def test_bad_node_lists_and_reports_are_errors():
     for node in (None, ""):
         with pytest.raises(ValueError, match="node must be a non-empty string"):
             NodeState(node)
+    from types import MappingProxyType
+
+    scraped = NodeState("a", queued_prefill_tokens=3.0, running_decodes=2, queue_ms=5, labels=MappingProxyType({}))
+    assert scraped.queued_prefill_tokens == 3 and type(scraped.queued_prefill_tokens) is int
+    assert scraped.queue_ms == 5.0 and scraped.labels == {}  # whole numbers and mappings from other sources
 
 
 def test_a_generator_of_nodes_is_read_once_and_priced():

@@ -154,8 +154,8 @@ class Frequency:
 
     def admit(self, slot: bytes, floor: float, priority: float, value: float | None = None) -> tuple[float, Any]:
         """(priority to store the payload with, bookkeeping to `record` once it is stored)."""
-        if value is None or value <= 0.0:
-            return priority, (0.0, 0, False)
+        if value is None or value <= 0.0:  # stored as given: its past reads no longer describe it
+            return priority, (0.0, 0, slot in self._ghost)
         held = self._held.get(slot)
         reads = held[1] if held is not None else self._ghost.get(slot, -1) + 1
         prio = floor + value * self.probation if reads == 0 else refreshed_priority(floor, value, reads)

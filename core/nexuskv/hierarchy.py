@@ -385,7 +385,7 @@ class Hierarchy:
         if where is None or where not in self.tiers:
             return False
         desc = attrs.evolve(got.descriptor, placement=self.placement(where))
-        return self.store(desc, got.payload, 0.0)  # verified just above
+        return self.store(desc, got.payload, self.default_priority(desc), value=self.default_value(desc))
 
     # ------------------------------------------------------------------------------------------ lifecycle
 

@@ -12,16 +12,19 @@ queue: `waiting_requests * base_ms + queued_prefill_tokens * per_token_ms + runn
 profile's prefill terms). The tenant's `route` rules then exclude nodes or weight their prediction; the lowest
 weighted prediction wins, ties to the shorter queue, then the node name: the same inputs give the same answer.
 
-Anything failing on the way (a plugin, the deadline, a rule engine error) fails open to the least-loaded node,
-with the reason; a route never raises for a bad node report only (that is a `ContractError` at construction).
+Anything failing on the way (a plugin, the deadline, a rule engine error) fails open to the least-loaded node
+the tenant's route rules allow (judged on the reported queue, as if the node recomputed), with the reason. A bad
+node report is a `ValueError` naming the field when the `NodeState` is built.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attrs import define, field
@@ -40,6 +43,24 @@ from nexuskv.readpath import ReadPath
 __all__ = ["NodeState", "RouteDecision", "RouteOption", "Router"]
 
 log = get_logger(__name__)
+
+
+def _as_count(value: Any) -> Any:
+    """Whole numbers from other sources (numpy ints, `3.0` from a metrics scrape) as int; the rest unchanged."""
+    if isinstance(value, int):  # bool included: the validator names it
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _as_ms(value: Any) -> Any:
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else value
+
+
+def _as_labels(value: Any) -> Any:
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 def _count(_: Any, attribute: Any, value: Any) -> None:
@@ -69,15 +90,17 @@ class NodeState:
     """A candidate node as the scheduler reports it (its own bookkeeping, or the engine's metrics)."""
 
     node: str = field(validator=_node, metadata=doc("Node name, as the node publishes itself (`KernelConfig.node`)."))
-    queued_prefill_tokens: int = field(default=0, validator=_count,
+    queued_prefill_tokens: int = field(default=0, converter=_as_count, validator=_count,
                                        metadata=doc("Prompt tokens waiting for prefill."))  # fmt: skip
-    waiting_requests: int = field(default=0, validator=_count, metadata=doc("Requests waiting."))
-    running_decodes: int = field(default=0, validator=_count, metadata=doc("Requests decoding."))
-    decode_ms: float = field(default=0.0, validator=_ms,
+    waiting_requests: int = field(default=0, converter=_as_count, validator=_count,
+                                  metadata=doc("Requests waiting."))
+    running_decodes: int = field(default=0, converter=_as_count, validator=_count,
+                                 metadata=doc("Requests decoding."))
+    decode_ms: float = field(default=0.0, converter=_as_ms, validator=_ms,
                              metadata=doc("Prefill delay per running decode (ms), as the scheduler measures it."))
-    queue_ms: float | None = field(default=None, validator=_ms,
+    queue_ms: float | None = field(default=None, converter=_as_ms, validator=_ms,
                                    metadata=doc("The scheduler's own prediction of the wait (wins over estimates)."))
-    labels: dict[str, str] = field(factory=dict, validator=_labels,
+    labels: dict[str, str] = field(factory=dict, converter=_as_labels, validator=_labels,
                                    metadata=doc("Labels route rules can read (zone, gpu, ...)."))
     overlap_loads: bool = field(default=False, metadata=doc(
         "The engine loads restored state while the request waits in its queue (async loading): the wait is "

@@ -35,10 +35,12 @@ class KernelTier:
     """`BlockTier` on the kernel's DRAM store (see the module docstring)."""
 
     def __init__(self, name: str, capacity_bytes: int, profiles: Mapping[str, CostProfile], *,
-                 eviction: str = "cost", block_tokens: int = 512, scale: int = 1 << 16) -> None:  # fmt: skip
+                 eviction: str = "cost", block_tokens: int = 512, scale: int = 1 << 16,
+                 count_reads: bool = True) -> None:  # fmt: skip
         self.name = name
         self.capacity_bytes = int(capacity_bytes)
         self.eviction = eviction
+        self.count_reads = count_reads  # False: as the kernel's disk, shm and Redis stores (priority, no reads)
         self._scale = scale
         self._block_tokens = block_tokens
         self._store = DramStore(max(1, self.capacity_bytes // scale), name=name)
@@ -85,7 +87,11 @@ class KernelTier:
                                                           tier=self.name.rpartition("/")[2])
         self._gone = []
         held = slot in self._keys
-        if self._store.put(slot, bytes(desc.nbytes), desc, 0.0, value=value) and not held:
+        if self.count_reads:
+            ok = self._store.put(slot, bytes(desc.nbytes), desc, 0.0, value=value)
+        else:  # the kernel's default priority, as given: the floor now plus the value
+            ok = self._store.put(slot, bytes(desc.nbytes), desc, self._store.floor + value if value else 0.0)
+        if ok and not held:
             self._keys[slot] = key
             self._sizes[slot] = meta.nbytes
             self._used += meta.nbytes

@@ -63,7 +63,7 @@ class BlockTier(Protocol):
         ...
 
     def insert(self, key: Hashable, meta: BlockMeta) -> list[Hashable]:
-        """Store `key` (a held key is touched), evicting as needed; return the evicted keys."""
+        """Store `key` (a held key is written again: made most recent), evicting as needed; return the evicted keys."""
         ...
 
     def __len__(self) -> int:

@@ -124,7 +124,7 @@ class World:
             self.engines[decision.node].admit(job, max(1, req.input_tokens - req.tokens_of(planned)))
             env.process(self._load(job, decision))
             for p in decision.prefetches:
-                env.process(self._prefetch(job, p.tier, p.start, min(p.end, req.blocks)))
+                env.process(self._prefetch(job, p.tier, p.start, p.end))
 
     def _check(self, req: SimRequest, d: Decision) -> None:
         if self.node_model.get(d.node) != req.model:
@@ -137,6 +137,10 @@ class World:
             if self.node_model.get(f.source_node) != req.model:
                 raise ValueError(f"fetch from {f.source_node!r}, which does not serve {req.model}")
             at = f.end
+        for p in d.prefetches:
+            if not 0 <= p.start < p.end <= req.blocks or p.tier not in TIERS:
+                raise ValueError(f"strategy {self.result.strategy!r}: prefetch {p} of request {req.rid} must be a "
+                                 f"non-empty range within its {req.blocks} blocks from a known tier")
 
     # ------------------------------------------------------------------------------------------ loading
 
@@ -201,6 +205,7 @@ class World:
         host = self.hosts[self.node_host[node]]
         hbm = self.hbm[node]
         nbytes = self.profile.block_bytes(req.model)
+        paid_latency = False
         for j in range(start, end):
             key = job.keys[j]
             if hbm.contains(key):
@@ -211,7 +216,9 @@ class World:
                 stages = [[host.disk_link], [host.pcie]]
             else:
                 return  # gone: a prefix cannot skip a block
-            yield env.timeout(sum(link.latency_ms for links in stages for link in links))
+            if not paid_latency:  # once per prefetch, as for a fetch
+                paid_latency = True
+                yield env.timeout(sum(link.latency_ms for links in stages for link in links))
             for links in stages:
                 yield from hold(env, links, nbytes)
                 res.bytes_by_link[links[0].kind] = res.bytes_by_link.get(links[0].kind, 0) + nbytes

@@ -48,3 +48,15 @@ def test_a_prefix_is_never_evicted_while_its_continuation_stays():
     put(t, "llama-8b", 1)
     put(t, "llama-8b", 2, parent=1)
     assert put(t, "llama-8b", 3) == [("llama-8b", "t", 2)]  # the leaf goes, though the root is older
+
+
+def test_without_read_counting_reads_only_refresh_recency():
+    t = KernelTier("h/disk", 3 * (64 << 20), PROFILES, count_reads=False)
+    for h in (1, 2, 3):
+        put(t, "llama-8b", h)
+    for _ in range(5):
+        t.touch(("llama-8b", "t", 1))  # read often, then 2 is read last
+    t.touch(("llama-8b", "t", 2))
+    put(t, "llama-8b", 4)
+    put(t, "llama-8b", 5)
+    assert t.contains(("llama-8b", "t", 2)) and not t.contains(("llama-8b", "t", 1))  # recency, not reads
