@@ -249,6 +249,16 @@ def _compile_rule(
     match = tuple(comp(m, f"match[{i}]", BOOL, "match", i) for i, m in enumerate(rule.match))
     when = comp(rule.when, "when", BOOL, "when")
     extra: dict[str, Any] = {}
+    def number(expr: str, what: str) -> Compiled | None:
+        """A CEL expression that must evaluate to int or double (a priority, a weight)."""
+        nonlocal ok
+        fn = comp(expr, what, None, what)
+        if fn is not None and fn.type not in (INT, DOUBLE):
+            problem(src, rule.name, f"expression must evaluate to int or double, but its type is {fn.type}",
+                    where(what), expr, what=what)  # fmt: skip
+            ok = False
+        return fn
+
     if getattr(rule, "message_expr", ""):
         extra["message_fn"] = comp(rule.message_expr, "message_expr", STRING, "message_expr")
     if kind == "reuse" and rule.max_tokens:
@@ -267,12 +277,7 @@ def _compile_rule(
             extra["ttl_fn"] = comp(rule.ttl_expr, "ttl_expr", DURATION, "ttl_expr")
         extra["priority"] = rule.priority
         if rule.priority_expr:
-            fn = comp(rule.priority_expr, "priority_expr", None, "priority_expr")
-            if fn is not None and fn.type not in (INT, DOUBLE):
-                problem(src, rule.name, f"expression must evaluate to int or double, but its type is {fn.type}",
-                        where("priority_expr"), rule.priority_expr, what="priority_expr")  # fmt: skip
-                ok = False
-            extra["priority_fn"] = fn
+            extra["priority_fn"] = number(rule.priority_expr, "priority_expr")
         if not (rule.tier or rule.tier_expr or rule.ttl or rule.ttl_expr or rule.priority is not None
                 or rule.priority_expr):  # fmt: skip
             problem(src, rule.name, "a place rule must set at least one of tier, ttl, priority (or their _expr)",
@@ -281,12 +286,7 @@ def _compile_rule(
     if kind == "route":
         extra["weight"] = rule.weight
         if rule.weight_expr:
-            fn = comp(rule.weight_expr, "weight_expr", None, "weight_expr")
-            if fn is not None and fn.type not in (INT, DOUBLE):
-                problem(src, rule.name, f"expression must evaluate to int or double, but its type is {fn.type}",
-                        where("weight_expr"), rule.weight_expr, what="weight_expr")  # fmt: skip
-                ok = False
-            extra["weight_fn"] = fn
+            extra["weight_fn"] = number(rule.weight_expr, "weight_expr")
         elif rule.effect.value == "weight" and rule.weight is None:
             problem(src, rule.name, "a weight rule must set weight or weight_expr", where(None))
             ok = False
