@@ -219,9 +219,7 @@ class Router:
             out = {}
             for ns in nodes:
                 queue = _queue_ms(self._cost, ns)
-                target = RouteTarget(node=ns.node, labels=dict(ns.labels), queue_ms=queue, predicted_ttft_ms=queue,
-                                     queued_prefill_tokens=ns.queued_prefill_tokens,
-                                     running_decodes=ns.running_decodes)  # fmt: skip
+                target = _target(ns, queue, queue)
                 verdict = policy.evaluate("route", {"request": request, "node": ns.node, "target": target})
                 if not verdict.allowed:
                     out[ns.node] = verdict.deciding
@@ -253,9 +251,7 @@ class Router:
         predicted = queue + plan_ms - (min(queue, load_ms) if ns.overlap_loads else 0.0)
         weight, excluded, rules, messages = 1.0, False, (), ()
         if policy is not None and policy.rules.get("route"):
-            target = RouteTarget(node=ns.node, labels=dict(ns.labels), queued_prefill_tokens=ns.queued_prefill_tokens,
-                                 running_decodes=ns.running_decodes, queue_ms=queue, reuse_tokens=reused, tier=tier,
-                                 source=source, predicted_ttft_ms=predicted)  # fmt: skip
+            target = _target(ns, queue, predicted, reused, tier, source)
             verdict = policy.evaluate("route", {"request": request, "node": ns.node, "target": target})
             excluded, rules = not verdict.allowed, verdict.deciding
             messages = verdict.messages + verdict.audits + tuple(f"error: {e}" for e in verdict.errors)
@@ -278,6 +274,14 @@ class Router:
         skipped = f" (excluded by route rules: {', '.join(sorted(excluded))})" if excluded else ""
         return RouteDecision(request.request_id, request.tenant, node, (),
                              (f"fail-open: {reason}; least-loaded {node}{skipped}",), fail_open=True)  # fmt: skip
+
+
+def _target(ns: NodeState, queue: float, predicted: float, reused: int = 0, tier: str = "",
+            source: str = "") -> RouteTarget:  # fmt: skip
+    """What route rules see of a node (without a plan: a recompute, as when routing fails open)."""
+    return RouteTarget(node=ns.node, labels=dict(ns.labels), queued_prefill_tokens=ns.queued_prefill_tokens,
+                       running_decodes=ns.running_decodes, queue_ms=queue, reuse_tokens=reused, tier=tier,
+                       source=source, predicted_ttft_ms=predicted)  # fmt: skip
 
 
 def _choose(request: Request, options: list[RouteOption]) -> RouteDecision:
