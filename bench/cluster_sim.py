@@ -36,7 +36,7 @@ from nexuskv_sim.metrics import summary
 from nexuskv_sim.nexus import NexusKVStrategy
 from nexuskv_sim.profile import default_profile
 from nexuskv_sim.simulate import plot_ttft, simulate
-from nexuskv_sim.trace import generate_mixed, read_trace, write_trace
+from nexuskv_sim.trace import generate_mixed, read_trace, token_ids, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "img"
@@ -134,10 +134,7 @@ def hit_ratio(trace: str, blocks: int, eviction: str, limit: int | None, hybrid:
     total = hit = 0
     with Kernel(cfg, secret=bytes(range(32))) as k:
         for i, rec in enumerate(itertools.islice(read_trace(trace), limit)):
-            tokens: list[int] = []
-            for j, h in enumerate(rec.hash_ids):
-                base = (h * 512) % (2**31 - 512)
-                tokens.extend(range(base, base + min(512, rec.input_length - j * 512)))
+            tokens = token_ids(rec.hash_ids, rec.input_length)
             req = Request(request_id=f"r{i}", tenant="t", model=model, tokenizer=tok, layout=layout, token_ids=tokens)
             keys = k.keys(req)
             n = k.match(req, keys).longest(tier="dram")

@@ -24,6 +24,7 @@ from nexuskv_sim.api import TIERS, BaseStrategy, ClusterView, Decision, Fetch, P
 from nexuskv_sim.calibrate import measured_profile
 from nexuskv_sim.profile import Profile
 from nexuskv_sim.reuse import RecentRoutes
+from nexuskv_sim.trace import token_ids
 
 __all__ = ["NexusKVStrategy"]
 
@@ -75,12 +76,7 @@ class NexusKVStrategy(BaseStrategy):
         self._kernels.clear()
 
     def _request(self, req: SimRequest) -> Request:
-        bt = req.block_tokens
-        tokens: list[int] = []
-        for j, h in enumerate(req.hash_ids):
-            n = min(bt, req.input_tokens - j * bt)
-            base = (h * bt) % (2**31 - bt)
-            tokens.extend(range(base, base + n))
+        tokens = token_ids(req.hash_ids, req.input_tokens, req.block_tokens)
         model = ModelIdentity(name=req.model, revision="sim")
         return Request(request_id=f"r{req.rid}", tenant=req.tenant, model=model,
                        tokenizer=TokenizerIdentity(name="sim"), layout=self._layouts[req.model],

@@ -17,7 +17,7 @@ from attrs import define, field
 
 from nexuskv.errors import ContractError
 
-__all__ = ["BLOCK_TOKENS", "TraceRecord", "generate", "generate_mixed", "read_trace", "write_trace"]
+__all__ = ["BLOCK_TOKENS", "TraceRecord", "generate", "generate_mixed", "read_trace", "token_ids", "write_trace"]
 
 BLOCK_TOKENS = 512
 DEFAULT = "default"
@@ -35,6 +35,18 @@ class TraceRecord:
     hash_ids: tuple[int, ...] = field(converter=tuple)
     model: str = DEFAULT
     tenant: str = DEFAULT
+
+
+def token_ids(hash_ids: Sequence[int], input_tokens: int, block_tokens: int = BLOCK_TOKENS) -> list[int]:
+    """Synthetic token ids of a traced prompt, so that equal hash ids at equal positions give equal NexusKV keys.
+
+    Block j of hash id h is `h * block_tokens + t` (mod 2^31): the trace's prefix hashes stay exact.
+    """
+    out: list[int] = []
+    for j, h in enumerate(hash_ids):
+        base = (h * block_tokens) % (2**31 - block_tokens)
+        out.extend(range(base, base + min(block_tokens, input_tokens - j * block_tokens)))
+    return out
 
 
 def read_trace(path: str | Path) -> Iterator[TraceRecord]:

@@ -65,3 +65,13 @@ def test_generate_mixed_has_models_tenants_and_per_tenant_prefixes(tmp_path):
     path = tmp_path / "m.jsonl"
     write_trace(recs, path)
     assert list(read_trace(path)) == recs
+
+
+def test_token_ids_follow_the_hash_ids_block_by_block():
+    from nexuskv_sim.trace import token_ids
+
+    a = token_ids([1, 2, 3], 2 * 512 + 10)
+    b = token_ids([1, 2, 4], 3 * 512)
+    assert len(a) == 1034 and len(b) == 1536
+    assert a[:1024] == b[:1024] and a[1024:] != b[1024:1034]  # equal prefix ids, equal tokens; then they differ
+    assert a[:3] == [512, 513, 514]
