@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from nexuskv import BlockKeyer, ConfigError, DictIndex, KernelConfig, Location, slot_of
@@ -178,3 +179,13 @@ def test_a_transport_that_reaches_other_nodes_cannot_come_first(build):
                       Health(), membership)  # fmt: skip
     finally:
         membership.close()
+
+
+def test_priority_for_keeps_a_rules_priority_and_prices_the_default_once(build):
+    h = build({"dram": {"store": "dram"}, "shaped": {"store": "shaped-link"}})
+    d = descriptor(h, keys(1)[0], b"x" * 100, "dram")
+    assert h.priority_for(d, 7.5) == (7.5, None)  # a place rule's priority, as given
+    prio, value = h.priority_for(d)  # the DRAM store counts reads: it takes the value and adds its own floor
+    assert value is not None and value > 0 and prio == pytest.approx(h.tiers["dram"].floor + value)
+    shaped = attrs.evolve(d, placement=h.placement("shaped"))
+    assert h.priority_for(shaped) == (h.default_priority(shaped), None)  # a store that does not count reads

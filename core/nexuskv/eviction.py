@@ -126,7 +126,6 @@ def pick_victims(
     return victims
 
 
-
 class Frequency:
     """GreedyDual-Size-Frequency bookkeeping for a store: reads lift a payload's priority.
 
@@ -198,10 +197,8 @@ class Frequency:
 def refreshed_priority(floor: float, value: float, hits: int) -> float:
     """GreedyDual-Size-Frequency priority of a payload read again: `floor + value * (1 + hits)`.
 
-    `value` is what the payload's priority stood above the store's aging floor when it was put (the recompute
-    time it saves per byte, from the kernel's default priority); `hits` counts its reads since. A payload read
-    often outlives one read once, which outlives one never read; the floor (the priority of the most valuable
-    payload evicted so far) makes recent state outlive old state. A payload put at or below the floor (LRU
-    mode, or a rule's low priority) has no value above it and keeps its priority: plain recency decides.
+    `value` is what the kernel's default priority puts above the store's aging floor (the gain per byte of
+    keeping the payload); `hits` counts its reads. A payload read often outlives one read once; the floor (the
+    priority of the most valuable payload evicted so far) makes recent state outlive old state.
     """
     return floor + value * (1 + hits)

@@ -185,12 +185,20 @@ class Hierarchy:
         return self.cost.eviction_priority(self.config.eviction, floor, self.config.page_size, descriptor.usage.hits,
                                            tier=tier)  # fmt: skip
 
-    def default_value(self, descriptor: StateDescriptor) -> float | None:
-        """The value alone, for a tier that counts reads (`counts_reads`: it adds its own floor under its lock)."""
+    def priority_for(self, descriptor: StateDescriptor, explicit: float | None = None) -> tuple[float, float | None]:
+        """(priority, value) to store a payload with: a `place` rule's `explicit` priority as given, else the default.
+
+        Computed once: a tier that counts reads (`counts_reads`) takes the value and adds its own floor under its
+        lock; others take the floor plus it (`default_priority`).
+        """
+        if explicit is not None:
+            return explicit, None
         tier = descriptor.placement.tier
-        if not getattr(self.tiers.get(tier), "counts_reads", False):
-            return None
-        return self.cost.eviction_priority(self.config.eviction, 0.0, self.config.page_size, tier=tier)
+        store = self.tiers.get(tier)
+        if not getattr(store, "counts_reads", False):
+            return self.default_priority(descriptor), None
+        value = self.cost.eviction_priority(self.config.eviction, 0.0, self.config.page_size, tier=tier)
+        return getattr(store, "floor", 0.0) + value, value
 
     def _demote(self, tier: str, descriptor: StateDescriptor, payload: bytes | memoryview) -> None:
         """Move an evicted payload one tier down (in cost order) instead of losing it, where it fits."""
@@ -200,7 +208,8 @@ class Hierarchy:
         lower = order[order.index(tier) + 1]
         desc = attrs.evolve(descriptor, placement=self.placement(lower))
         try:
-            self.put(desc, payload, priority=self.default_priority(desc), value=self.default_value(desc))
+            priority, value = self.priority_for(desc)
+            self.put(desc, payload, priority=priority, value=value)
         except Exception as exc:  # a failing lower tier loses the payload, never the request
             self.health.breaker(lower).failure(f"demotion put failed: {exc!r}")
 
@@ -244,7 +253,7 @@ class Hierarchy:
               ttl_s: float | None = None, value: float | None = None) -> bool:  # fmt: skip
         """`put` for payloads whose checksum was computed or verified a moment ago (not hashed twice).
 
-        `value` (from `default_value`) goes to stores that count reads; others get `priority` alone.
+        `value` (from `priority_for`) goes to stores that count reads; others get `priority` alone.
         """
         tier = descriptor.placement.tier
         store = self.tiers.get(tier)
@@ -385,7 +394,8 @@ class Hierarchy:
         if where is None or where not in self.tiers:
             return False
         desc = attrs.evolve(got.descriptor, placement=self.placement(where))
-        return self.store(desc, got.payload, self.default_priority(desc), value=self.default_value(desc))
+        priority, value = self.priority_for(desc)
+        return self.store(desc, got.payload, priority, value=value)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 

@@ -193,8 +193,7 @@ class WritePath:
             if where != desc.placement.tier:
                 desc = attrs.evolve(desc, placement=h.placement(where))
             breaker = self.health.breaker(where)
-            prio = priority if priority is not None else h.default_priority(desc)
-            value = h.default_value(desc) if priority is None else None  # a rule's priority is kept as given
+            prio, value = h.priority_for(desc, priority)  # a rule's priority is kept as given
             try:
                 ok = h.store(desc, data, prio, ttl_s, value=value)  # describe() just computed the checksum
             except Exception as exc:
@@ -232,8 +231,7 @@ class WritePath:
             return
         usage = attrs.evolve(desc.usage, hits=desc.usage.hits + 1, last_access_s=time.time())
         promoted = attrs.evolve(desc, placement=h.placement(target), usage=usage)
-        prio = priority if priority is not None else h.default_priority(promoted)
-        value = h.default_value(promoted) if priority is None else None
+        prio, value = h.priority_for(promoted, priority)
         try:
             h.store(promoted, item.payload, prio, ttl_s, value=value)  # verified by the load that read it
         except Exception as exc:  # a failing faster tier loses the copy, never the state

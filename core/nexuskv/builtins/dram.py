@@ -37,7 +37,7 @@ class DramStore:
         self.name = name
         self.capacity_bytes = int(capacity_bytes)
         self._items: dict[bytes, tuple[bytes, StateDescriptor, float, int]] = {}
-        self._freq = Frequency()  # reads and re-puts lift priorities (GreedyDual-Size-Frequency)
+        self._freq = Frequency()  # reads lift default priorities (GreedyDual-Size-Frequency)
         self._heap: list[tuple[float, int, bytes]] = []
         self._seq = itertools.count()
         self._used = 0

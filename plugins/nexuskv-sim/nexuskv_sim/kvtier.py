@@ -3,7 +3,7 @@
 `KernelTier` implements the simulator's `BlockTier` on `nexuskv.builtins.dram.DramStore` (its priority heap,
 `Frequency` (reads lift priorities, a ghost history remembers evicted blocks) and `Lineage` (a prefix is never
 evicted while a continuation stays)), with every block's value from `CostModel.eviction_priority`, exactly what
-the kernel's hierarchy gives a committed block (`Hierarchy.default_value`). `eviction="lru"` is
+the kernel's hierarchy gives a committed block (`Hierarchy.priority_for`). `eviction="lru"` is
 the same store with every priority 0: least recently used first, so the two differ only in the policy.
 
 Payloads are stand-ins scaled down by `scale` (a 64 MiB block is stored as 1 KiB of zeros, capacities alike):
