@@ -177,3 +177,46 @@ def test_a_refused_re_put_keeps_the_old_copy_evictable():
     assert bytes(st_.get(s(1)).payload) == b"x" * 10  # the old copy is kept...
     assert st_.put(s(3), b"z" * 10, D, priority=5.0)  # ...and is still the one evicted when room is needed
     assert s(1) not in st_ and s(2) in st_ and s(3) in st_
+
+
+def test_read_counting_bookkeeping_stays_consistent_under_threads():
+    """Eight threads put (with values and with explicit priorities), read and delete on a store small enough to
+    evict all the time; afterwards every held payload has exactly one frequency entry and a live heap entry."""
+    import random
+
+    st_ = DramStore(400)
+
+    def work(seed):
+        rng = random.Random(seed)
+        for _ in range(1500):
+            k, op = rng.randrange(120), rng.random()
+            if op < 0.45:
+                st_.put(s(k), b"x" * rng.randint(5, 30), D, value=rng.choice([0.5, 1.0, 2.0]))
+            elif op < 0.55:
+                st_.put(s(k), b"x" * 10, D, priority=rng.random())
+            elif op < 0.9:
+                st_.get(s(k))
+            else:
+                st_.delete(s(k))
+
+    ts = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    with st_._lock:
+        held = set(st_._items)
+        assert set(st_._freq._held) == held
+        assert st_._used == sum(len(v[0]) for v in st_._items.values()) <= st_.capacity_bytes
+        live = {(p, q, k) for p, q, k in st_._heap}
+        assert all((v[2], v[3], k) in live for k, v in st_._items.items())
+
+
+def test_a_refused_re_put_leaves_one_heap_entry_for_the_kept_copy():
+    st_ = DramStore(30)
+    st_.put(s(1), b"x" * 10, D, priority=9.0)  # its heap entry is never popped while room is sought below
+    st_.put(s(2), b"x" * 10, D, priority=1.0)
+    assert not st_.put(s(1), b"y" * 25, D, priority=0.5)  # would need s(2) and more: refused, old copy kept
+    assert [e for e in st_._heap if e[2] == s(1) and e[1] == st_._items[s(1)][3]] == [(9.0, st_._items[s(1)][3], s(1))]
+    assert st_.put(s(3), b"z" * 30, D, priority=10.0)  # evicts both, each once
+    assert set(st_.slots()) == {s(3)}

@@ -71,10 +71,11 @@ class DramStore:
             room = len(data) <= self.capacity_bytes and self._make_room(len(data), priority, evicted,
                                                                         parent_slot(slot, descriptor))
             if not room:
-                if old is not None:  # keep what was there rather than lose both (and evictable: its heap entry
-                    self._items[slot] = old  # may have been dropped as stale while room was sought)
+                if old is not None:  # keep what was there rather than lose both, with a fresh heap entry (the
+                    seq = next(self._seq)  # old one may have been dropped as stale while room was sought)
+                    self._items[slot] = (old[0], old[1], old[2], seq)
                     self._used += len(old[0])
-                    heapq.heappush(self._heap, (old[2], old[3], slot))
+                    heapq.heappush(self._heap, (old[2], seq, slot))
                 ok = False
             else:
                 seq = next(self._seq)
