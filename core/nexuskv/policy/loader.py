@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,12 @@ from attrs import define, field
 from nexuskv import _schema
 from nexuskv.errors import ContractError, NexusKVError
 from nexuskv.policy import _tomlpos
+from nexuskv.policy.bundle import PolicyBundle, bundle_revision, policy_files
 from nexuskv.policy.compiler import compile_policy
 from nexuskv.policy.model import PolicyFile
 from nexuskv.policy.policyset import KINDS, PolicySet, RuleSource
 
-__all__ = ["Policies", "PolicyError", "PolicyProblem", "parse_policy_file"]
+__all__ = ["Policies", "PolicyError", "PolicyProblem", "parse_policy_file", "parse_policy_text"]
 
 DEFAULT = "default"
 NO_PARENT = "none"
@@ -92,11 +93,15 @@ def _first_char(scan: _tomlpos.Strings, start: int) -> int:
 
 def parse_policy_file(path: Path) -> tuple[PolicyFile | None, list[PolicyProblem], str]:
     """Read and validate one file; return (model or None, problems, text)."""
-    name = str(path)
     try:
         text = path.read_text()
-    except OSError as exc:
-        return None, [PolicyProblem(name, f"cannot read: {exc.strerror}")], ""
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [PolicyProblem(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}")], ""
+    return parse_policy_text(text, str(path), path.stem)
+
+
+def parse_policy_text(text: str, name: str, stem: str) -> tuple[PolicyFile | None, list[PolicyProblem], str]:
+    """Validate one policy file's text (`name` is what problems call it, `stem` its default policy name)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -116,7 +121,7 @@ def parse_policy_file(path: Path) -> tuple[PolicyFile | None, list[PolicyProblem
             problems.append(PolicyProblem(name, f"{p}: {msg}", rule=rule, line=line, column=col))
         return None, problems, text
     if not model.name:
-        model = attrs.evolve(model, name=path.stem)
+        model = attrs.evolve(model, name=stem)
     return model, [], text
 
 
@@ -167,26 +172,55 @@ class Policies:
         return cls._load(Path(root), functions or {})[1]
 
     @classmethod
+    def from_bundle(cls, bundle: PolicyBundle, functions: Mapping[str, Any] | None = None) -> Policies:
+        """Load and compile a bundle's files (problems name them `bundle:<revision>/<path>`); raise `PolicyError`."""
+        policies, problems = cls.check_bundle(bundle, functions)
+        if problems:
+            raise PolicyError(problems)
+        return policies
+
+    @classmethod
+    def check_bundle(cls, bundle: PolicyBundle, functions: Mapping[str, Any] | None = None,
+                     ) -> tuple[Policies, list[PolicyProblem]]:  # fmt: skip
+        """A bundle compiled, and every problem found (the policies are unusable unless the list is empty)."""
+        origin = f"bundle:{bundle.revision}"
+        entries = [(f"{origin}/{rel}", rel, text) for rel, text in bundle.files.items()]
+        return cls._compile(Path(origin), entries, functions or {})
+
+    @classmethod
     def _load(cls, root: Path, functions: Mapping[str, Any]) -> tuple[Policies, list[PolicyProblem]]:
-        problems: list[PolicyProblem] = []
         if not root.is_dir():
             return cls(root), [PolicyProblem(str(root), "no such policy directory")]
-        files = sorted(root.glob("*.toml")) + sorted((root / "tenants").glob("*.toml"))
-        if not files:
+        entries: list[tuple[str, str, str]] = []
+        problems: list[PolicyProblem] = []
+        for path in policy_files(root):
+            try:
+                entries.append((str(path), path.relative_to(root).as_posix(), path.read_text()))
+            except (OSError, UnicodeDecodeError) as exc:
+                problems.append(PolicyProblem(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}"))
+        policies, more = cls._compile(root, entries, functions)
+        return policies, problems + more
+
+    @classmethod
+    def _compile(cls, root: Path, entries: Sequence[tuple[str, str, str]],
+                 functions: Mapping[str, Any]) -> tuple[Policies, list[PolicyProblem]]:  # fmt: skip
+        """Compile `(name for problems, relative path, text)` entries; the revision is the bundle revision."""
+        problems: list[PolicyProblem] = []
+        if not entries:
             problems.append(PolicyProblem(str(root), "no policy files (expected default.toml, tenants/*.toml)"))
         loaded: dict[str, _Loaded] = {}
-        for path in files:
-            model, probs, text = parse_policy_file(path)
+        for name, rel, text in entries:
+            model, probs, _ = parse_policy_text(text, name, Path(rel).stem)
             problems.extend(probs)
             if model is None:
                 continue
             if model.name in loaded:
                 line, col = _line_of_key(text, "name")
-                problems.append(PolicyProblem(str(path), f"policy {model.name!r} is also defined in "
+                problems.append(PolicyProblem(name, f"policy {model.name!r} is also defined in "
                                               f"{loaded[model.name].path}", line=line, column=col))  # fmt: skip
                 continue
             rev = hashlib.sha256(text.encode()).hexdigest()[:16]
-            loaded[model.name] = _Loaded(model, path, text, rev)
+            loaded[model.name] = _Loaded(model, Path(name), text, rev)
         sets: dict[str, PolicySet] = {}
         for name in loaded:
             chain, err = _chain(name, loaded)
@@ -201,8 +235,8 @@ class Policies:
                 sets[name] = ps
         # A problem in a parent shows once per child: report each exactly once.
         unique = list(dict.fromkeys(problems))
-        revision = hashlib.sha256("".join(sorted(f"{n}:{ld.revision}" for n, ld in loaded.items())).encode())
-        return cls(root, sets, revision.hexdigest()[:16]), unique
+        revision = bundle_revision({rel: text for _, rel, text in entries})
+        return cls(root, sets, revision), unique
 
     def for_tenant(self, tenant: str) -> PolicySet:
         """The tenant's policy set, or the default one when the tenant has no file."""
