@@ -8,8 +8,10 @@ A child's rule or variable of the same name replaces its parent's.
 
 from __future__ import annotations
 
+import collections
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -101,6 +103,51 @@ def _locate(
     return _tomlpos.file_position(text, offs[max(0, min(i, len(offs) - 1))])
 
 
+_CACHE: collections.OrderedDict[tuple[Any, ...], Compiled | CelError] = collections.OrderedDict()
+_CACHE_SIZE = 4096
+_CACHE_LOCK = threading.Lock()
+
+
+def _compile_cached(expr: str, env: Env, expect: CelType | None, cost_limit: int) -> Compiled:
+    """`compile_expr`, remembered: a reload recompiles only the expressions that changed.
+
+    Compiled expressions are immutable, so policy sets share them. The key holds everything the result depends
+    on: the source, every declaration's type (by its rendering) and every plugin function (the declaration and
+    its implementation, kept alive by the key so their identity cannot be reused), the expected type and the
+    cost limit. A failure is remembered too (a variable that cannot compile in some rule kinds fails on every
+    load), and raised again as the same error.
+    """
+    key = (expr, tuple(sorted((k, _type_key(t)) for k, t in env.variables.items())),
+           tuple(sorted(((k, d, d.impl) for k, d in env.functions.items()), key=lambda x: x[0])),
+           None if expect is None else _type_key(expect), cost_limit)  # fmt: skip
+    with _CACHE_LOCK:
+        got = _CACHE.get(key)
+        if got is not None:
+            _CACHE.move_to_end(key)
+    if got is None:
+        try:
+            got = compile_expr(expr, env, expect=expect, cost_limit=cost_limit)
+        except CelError as exc:
+            got = exc
+        _remember(key, got)
+    if isinstance(got, CelError):
+        raise got.with_traceback(None)
+    return got
+
+
+def _remember(key: tuple[Any, ...], got: Compiled | CelError) -> None:
+    with _CACHE_LOCK:
+        _CACHE[key] = got
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+
+
+def _type_key(t: CelType) -> tuple[Any, ...]:
+    """Every attribute of a type, refinements (`max_size`, `nullable`) included: they change what checks."""
+    return (t.kind, tuple(map(_type_key, t.params)), t.cls, t.name,
+            tuple((n, _type_key(f)) for n, f in t.record), t.max_size, t.nullable, t.free)  # fmt: skip
+
+
 def _duration_text(text: str) -> float:
     from nexuskv.policy._celconv import duration
 
@@ -161,7 +208,7 @@ def compile_policy(
             env = kind_env(kind, funcs).extend({"variables": record_type("variables", {k: f.type for k, f in
                                                                                           fns.items()})})  # fmt: skip
             try:
-                fns[vname] = compile_expr(expr, env, cost_limit=cost_limit)
+                fns[vname] = _compile_cached(expr, env, None, cost_limit)
             except CelError as exc:
                 errs[vname] = (exc, expr, src)
         compiled_vars[kind] = fns
@@ -240,7 +287,7 @@ def _compile_rule(
                 ok = False
                 return None
         try:
-            return compile_expr(expr, env, expect=expect, cost_limit=cost_limit)
+            return _compile_cached(expr, env, expect, cost_limit)
         except CelError as exc:
             problem(src, rule.name, exc, where(key, index), expr, what=what)
             ok = False
