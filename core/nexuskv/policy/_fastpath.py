@@ -14,6 +14,7 @@ import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from nexuskv.policy._pause import pause
 from nexuskv.policy.cel import Compiled, helper_globals, inline
 from nexuskv.policy.verdict import Placement, Verdict
 
@@ -145,6 +146,7 @@ def build(
               "_Verdict": Verdict,
               "_Placement": Placement, "_now": lambda: _dt.datetime.now(_dt.UTC),
               "_QUIET": Verdict(kind, policy, revision, allowed=True)})  # fmt: skip
+    pause()  # the source is built; compiling it is the next step of a reload
     exec(compile("\n".join(lines) + "\n", f"<policy {policy} {kind}>", "exec"), g)
     fn: Callable[[Mapping[str, Any]], Verdict] = g["_evaluate"]
     return fn

@@ -15,6 +15,7 @@ add the maximum number of items; a comprehension costs its range plus (maximum i
 
 from __future__ import annotations
 
+import functools
 import io
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
@@ -179,6 +180,12 @@ def _compile(
 
 def _renamed(code: str, prefix: str, names: set[str]) -> str:
     """`code` with the NAME tokens in `names` prefixed (string literals and attributes are left alone)."""
+    return _renamed_cached(code, prefix, frozenset(names))
+
+
+@functools.lru_cache(maxsize=4096)
+def _renamed_cached(code: str, prefix: str, names: frozenset[str]) -> str:
+    """`_renamed`, remembered: a reload inlines mostly the same expressions at the same places again."""
     out = []
     for tok in tokenize.generate_tokens(io.StringIO(code).readline):
         text = tok.string

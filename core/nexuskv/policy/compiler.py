@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nexuskv.policy import _tomlpos
+from nexuskv.policy._pause import pause
 from nexuskv.policy.cel import CelError, CelEvalError, Compiled, compile_expr
 from nexuskv.policy.model import (
     Failure,
@@ -209,6 +210,7 @@ def compile_policy(
                                                                                           fns.items()})})  # fmt: skip
             try:
                 fns[vname] = _compile_cached(expr, env, None, cost_limit)
+                pause()
             except CelError as exc:
                 errs[vname] = (exc, expr, src)
         compiled_vars[kind] = fns
@@ -238,6 +240,7 @@ def compile_policy(
                     continue  # overridden by a descendant
                 seen.add(rule.name)
                 built = _compile_rule(kind, rule, src, env, cost_limit, failure, var_errors[kind], broken, problem)
+                pause()
                 if built is not None:
                     rules[kind].append(built)
     if problems:

@@ -7,6 +7,7 @@ returns the compiled `PolicySet` of a tenant (the default one for tenants withou
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import tomllib
@@ -20,6 +21,7 @@ from attrs import define, field
 from nexuskv import _schema
 from nexuskv.errors import ContractError, NexusKVError
 from nexuskv.policy import _tomlpos
+from nexuskv.policy._pause import pause
 from nexuskv.policy.bundle import PolicyBundle, bundle_revision, policy_files
 from nexuskv.policy.compiler import compile_policy
 from nexuskv.policy.model import PolicyFile
@@ -101,7 +103,21 @@ def parse_policy_file(path: Path) -> tuple[PolicyFile | None, list[PolicyProblem
 
 
 def parse_policy_text(text: str, name: str, stem: str) -> tuple[PolicyFile | None, list[PolicyProblem], str]:
-    """Validate one policy file's text (`name` is what problems call it, `stem` its default policy name)."""
+    """Validate one policy file's text (`name` is what problems call it, `stem` its default policy name).
+
+    Remembered (the model is immutable): a reload parses again only the files that changed.
+    """
+    model, problems = _parse_text(text, name, stem)
+    return model, list(problems), text
+
+
+@functools.lru_cache(maxsize=512)
+def _parse_text(text: str, name: str, stem: str) -> tuple[PolicyFile | None, tuple[PolicyProblem, ...]]:
+    model, problems, _ = _parse_uncached(text, name, stem)
+    return model, tuple(problems)
+
+
+def _parse_uncached(text: str, name: str, stem: str) -> tuple[PolicyFile | None, list[PolicyProblem], str]:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -109,6 +125,7 @@ def parse_policy_text(text: str, name: str, stem: str) -> tuple[PolicyFile | Non
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
         line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
         return None, [PolicyProblem(name, f"TOML syntax error: {msg}", line=line, column=col)], text
+    pause()
     try:
         model = _schema.structure(PolicyFile, data)
     except ContractError as exc:
@@ -210,6 +227,7 @@ class Policies:
             problems.append(PolicyProblem(str(root), "no policy files (expected default.toml, tenants/*.toml)"))
         loaded: dict[str, _Loaded] = {}
         for name, rel, text in entries:
+            pause()
             model, probs, _ = parse_policy_text(text, name, Path(rel).stem)
             problems.extend(probs)
             if model is None:
@@ -223,6 +241,7 @@ class Policies:
             loaded[model.name] = _Loaded(model, Path(name), text, rev)
         sets: dict[str, PolicySet] = {}
         for name in loaded:
+            pause()
             chain, err = _chain(name, loaded)
             if err is not None:
                 problems.append(err)

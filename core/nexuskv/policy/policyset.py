@@ -18,6 +18,7 @@ from attrs import define
 from nexuskv.contracts import Predicted, Request, StateDescriptor
 from nexuskv.logs import get_logger
 from nexuskv.policy import _fastpath
+from nexuskv.policy._pause import pause
 from nexuskv.policy.cel import CelEvalError, Compiled, fuse
 from nexuskv.policy.model import (
     Candidate,
@@ -171,15 +172,19 @@ class PolicySet:
             for k, v in self.rules.items()
         }  # fmt: skip
         # Every rule's `match and when` of a kind in one generated function: one call per evaluation.
-        self._fused = {k: fuse([[*r.match, r.when] for r in v]) for k, v in self.rules.items()}
+        self._fused = {}
+        for k, v in self.rules.items():
+            self._fused[k] = fuse([[*r.match, r.when] for r in v])
+            pause()
         self._quiet = {k: Verdict(k, name, revision, allowed=k != "share") for k in self.rules}
         # admit, reuse and place, the kinds on the hot paths, run as one generated function each.
-        self._generated = {
-            k: _fastpath.build(k, self.rules[k], policy=name, revision=revision, default_tier=self.default_tier,
-                               variables_class=self._vars[k], variables=variables[k], uses_now=self._uses_now[k],
-                               slow=lambda act, known, k=k: self._evaluate_activation(k, self._seeded(k, act, known)))
-            for k in ("admit", "reuse", "place")
-        }  # fmt: skip
+        self._generated = {}
+        for k in ("admit", "reuse", "place"):
+            self._generated[k] = _fastpath.build(
+                k, self.rules[k], policy=name, revision=revision, default_tier=self.default_tier,
+                variables_class=self._vars[k], variables=variables[k], uses_now=self._uses_now[k],
+                slow=lambda act, known, k=k: self._evaluate_activation(k, self._seeded(k, act, known)))
+            pause()  # fmt: skip
 
     def rule_names(self, kind: str) -> list[str]:
         """Names of the rules of one kind, in evaluation order."""
