@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 
 from nexuskv import (
@@ -37,6 +38,17 @@ def make_request(tokens, tenant: str = "acme", layout: Layout | None = None, **k
         token_ids=list(tokens),
         **kw,
     )
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored():
+    """A test that reconfigures logging (a CLI run with `--log-level error`) leaves the next test's as it was."""
+    from nexuskv import logs
+
+    saved, configured = structlog.get_config(), logs._configured
+    yield
+    structlog.configure(**saved)
+    logs._configured = configured
 
 
 @pytest.fixture(autouse=True)

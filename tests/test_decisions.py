@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -100,3 +101,44 @@ def test_a_fallbacks_line_is_rendered_off_the_callers_thread_and_still_written()
         configure_logging(force=True)
     got = {(r["decision_id"], r["fallback"]) for r in lines if r.get("event") == "decision"}
     assert got == {("d1", True), ("d2", False)} and log.decisions == 2
+
+
+def test_the_decision_file_gets_a_context_line_then_every_record_from_many_threads(tmp_path):
+    path = tmp_path / "decisions.jsonl"
+    log = DecisionLog(PluginManager(entry_points=False), file=path, node="n7")
+    assert not log.wants_inputs("acme")  # no tenant opted in, no shadow: plans keep no inputs
+
+    def worker(t: int) -> None:
+        for i in range(50):
+            log.record(plan(t * 1000 + i), time.perf_counter(), fallback=i % 10 == 0)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["record"] == "context" and lines[0]["node"] == "n7"
+    decisions = lines[1:]
+    assert sorted(d["decision_id"] for d in decisions) == sorted(f"d{t * 1000 + i}" for t in range(8)
+                                                                 for i in range(50))  # fmt: skip
+    assert sum(d["fallback"] for d in decisions) == 8 * 5 and log.file_errors == 0
+
+
+def test_a_failing_decision_file_is_counted_and_never_stops_decisions(tmp_path):
+    log = DecisionLog(PluginManager(entry_points=False), file=tmp_path / "d.jsonl", inputs_for=("acme",))
+    assert log.wants_inputs("acme") and not log.wants_inputs("globex")
+
+    class Full:
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            pass
+
+    log._file = Full()
+    for i in range(3):
+        log.record(plan(i), time.perf_counter())
+    log.close()
+    assert log.file_errors == 3 and log.decisions == 3

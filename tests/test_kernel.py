@@ -1,3 +1,4 @@
+import os
 import threading
 import time
 
@@ -5,6 +6,7 @@ import attrs
 import pytest
 
 from nexuskv import ChecksumError, ConfigError, Kernel, KernelConfig, Location, ModelIdentity
+from nexuskv.policy.bundle import PolicyBundle
 from tests.conftest import SECRET, layout_of, make_request
 
 
@@ -175,7 +177,7 @@ def test_plan_recomputes_cold_and_materializes_after_commit():
         assert (res.accepted, res.refused, res.backpressure) == (62, 0, False)
         warm = k.plan(req, keys=keys)
         assert warm.action == PlanAction.MATERIALIZE and warm.tokens_reused == 992
-        assert warm.spans[0].tier == "dram" and warm.policy_revision == k.policies.for_tenant("chat").revision
+        assert warm.spans[0].tier == "dram" and warm.policy_revision == k.policies.revision == k.policy_revision
         assert warm.predicted.gain_ms > 0 and warm.predicted.ttft_ms < cold.predicted.ttft_ms
         got = k.materialize(warm, req, keys=keys)
         assert got.complete and len(got.states) == 62
@@ -539,3 +541,101 @@ def test_a_kernel_that_fails_to_start_leaves_no_heartbeat_and_no_lease():
     with pytest.raises(ConfigError, match="transport_options"):
         Kernel(KernelConfig(node="n1", transport_options={"local": {"speed": 1}}), secret=SECRET)
     assert beating() == before  # a failed start renews no lease for ever (a ghost member of the cluster)
+
+
+# ---------------------------------------------------------------------------------------------- policy reload
+
+
+def tagged_policies(root, tag: str, broken: bool = False):
+    """A default policy whose reuse evaluations leave `policy warning: <tag>` in a plan's reasons."""
+    when = 'match.tokens > "x"' if broken else "match.tokens > 0"
+    (root / "tenants").mkdir(parents=True, exist_ok=True)
+    tmp = root / ".default.toml"
+    tmp.write_text(f'name = "default"\n[[reuse]]\nname = "{tag}"\neffect = "warn"\nwhen = \'{when}\'\n')
+    os.replace(tmp, root / "default.toml")  # atomic, as a deploy tool saves
+    return root
+
+
+def tags_of(plan) -> set[str]:
+    return {r.removeprefix("policy warning: ") for r in plan.reasons if r.startswith("policy warning: ")}
+
+
+def test_reload_policies_swaps_revisions_and_refuses_broken_ones(tmp_path):
+    root = tagged_policies(tmp_path / "p", "gen-a")
+    cfg = KernelConfig(node="n1", policies=str(root), tiers={"dram": {"store": "dram", "capacity_bytes": "1MiB"}})
+    with Kernel(cfg, secret=SECRET) as k:
+        req = make_request(range(64))
+        commit_all(k, req)
+        first = k.plan(req)
+        assert tags_of(first) == {"gen-a"} and first.policy_revision == k.policy_revision
+        tagged_policies(root, "gen-b")
+        got = k.reload_policies()
+        assert got.applied and got.previous == first.policy_revision
+        second = k.plan(req)
+        assert tags_of(second) == {"gen-b"} and second.policy_revision == got.revision != first.policy_revision
+        tagged_policies(root, "gen-c", broken=True)
+        refused = k.reload_policies()
+        assert not refused.ok and refused.problems[0].rule == "gen-c" and refused.problems[0].line == 5
+        third = k.plan(req)  # the serving revision keeps planning
+        assert tags_of(third) == {"gen-b"} and third.policy_revision == got.revision
+    with Kernel(KernelConfig(node="n1"), secret=SECRET) as k, pytest.raises(ValueError, match="no policy directory"):
+        k.reload_policies()
+
+
+def test_a_plan_sees_one_revision_even_when_a_reload_lands_in_the_middle(tmp_path):
+    root = tagged_policies(tmp_path / "p", "old")
+    cfg = KernelConfig(node="n1", policies=str(root), tiers={"dram": {"store": "dram", "capacity_bytes": "1MiB"}})
+    with Kernel(cfg, secret=SECRET) as k:
+        req = make_request(range(64))
+        commit_all(k, req)
+        old = k.policy_revision
+        real = k.index.match
+
+        def match_then_reload(*a, **kw):  # the reload lands after the plan took its revision, before it decides
+            got = real(*a, **kw)
+            tagged_policies(root, "new")
+            assert k.reload_policies().applied
+            return got
+
+        k.index.match = match_then_reload
+        plan = k.plan(req)
+        assert plan.policy_revision == old and tags_of(plan) == {"old"}
+        k.index.match = real
+        after = k.plan(req)
+        assert after.policy_revision == k.policy_revision != old and tags_of(after) == {"new"}
+
+
+def test_plans_from_many_threads_across_reloads_each_see_one_revision(tmp_path):
+    """8 threads plan while a thread reloads between two revisions 40 times; the reference: revision -> tag."""
+    root = tagged_policies(tmp_path / "p", "gen-a")
+    cfg = KernelConfig(node="n1", policies=str(root), deadline_ms=1000.0,
+                       tiers={"dram": {"store": "dram", "capacity_bytes": "1MiB"}})  # fmt: skip
+    with Kernel(cfg, secret=SECRET) as k:
+        reqs = [make_request(range(i, i + 64), request_id=f"r{i}") for i in range(8)]
+        for req in reqs:
+            commit_all(k, req)
+        tag_of = {k.policy_revision: "gen-a"}
+        stop = threading.Event()
+        bad: list[str] = []
+
+        def reloader():
+            for n in range(40):
+                tag = "gen-b" if n % 2 == 0 else "gen-a"
+                tagged_policies(root, tag)
+                tag_of[PolicyBundle.from_directory(root).revision] = tag  # known before any plan can name it
+                assert k.reload_policies().applied
+            stop.set()
+
+        def planner(i: int) -> None:
+            while not stop.is_set():
+                plan = k.plan(reqs[i])
+                want = tag_of.get(plan.policy_revision)
+                if tags_of(plan) != {want} or any(r.startswith("fail-open") for r in plan.reasons):
+                    bad.append(f"{plan.policy_revision}: {plan.reasons}")
+
+        threads = [threading.Thread(target=planner, args=(i,)) for i in range(8)] + [threading.Thread(target=reloader)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert bad == [] and len(tag_of) == 2

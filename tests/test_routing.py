@@ -204,7 +204,7 @@ def test_failing_open_still_keeps_the_tenants_route_exclusions(tmp_path, monkeyp
             def for_tenant(self, tenant):
                 raise RuntimeError("policy store down")
 
-        monkeypatch.setattr(k.reads, "policies", Broken())
+        monkeypatch.setattr(k.live, "current", Broken())
         d = k.route(req, nodes)
         assert d.fail_open and d.node is None and "could not be evaluated" in d.reasons[0]
 

@@ -58,6 +58,13 @@ class KernelConfig:
     plugins: tuple[str, ...] | None = None  # allow list of entry-point plugins (as NEXUSKV_PLUGINS)
     disable_plugins: tuple[str, ...] = ()  # block list, builtins included (as NEXUSKV_DISABLE_PLUGINS)
     policies: str | None = None
+    policy_watch: bool = False  # reload the policy directory when it changes (needs the `watch` extra)
+    # "" (off), "control-plane" (the control plane's policy channel: etcd), or a shared directory path
+    policy_rollout: str = ""
+    policy_rollout_interval_s: float = field(default=1.0, validator=attrs.validators.gt(0))
+    policy_shadow: str | None = None  # a candidate policy directory evaluated beside the live one (shadow mode)
+    decision_file: str | None = None  # JSON lines of every decision record (written off the hot path)
+    decision_inputs: tuple[str, ...] = ()  # tenants ("*": all) whose decision records carry their inputs
     profile: str | None = None
     deadline_ms: float = field(factory=lambda: _env_float("NEXUSKV_DEADLINE_MS", 1.0))
     load_timeout_ms: float = 200.0
@@ -100,8 +107,10 @@ class KernelConfig:
             raise ConfigError(f"{p}: {exc}") from None
         cfg = cls.from_mapping(data, origin=str(p))
         # Relative paths in a config file are relative to the file.
-        for key in ("policies", "profile", "secret_file"):
+        for key in ("policies", "profile", "secret_file", "policy_shadow", "decision_file", "policy_rollout"):
             value = getattr(cfg, key)
+            if key == "policy_rollout" and value == "control-plane":
+                continue
             if value and not Path(value).is_absolute():
                 cfg = attrs.evolve(cfg, **{key: str(p.parent / value)})
         tiers = {name: ({**opts, "path": str(p.parent / opts["path"])}

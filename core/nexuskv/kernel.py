@@ -32,11 +32,16 @@ from nexuskv.loadpath import LoadPath, LoadReport, Materialized
 from nexuskv.logs import configure_logging, get_logger
 from nexuskv.planner import Planner
 from nexuskv.plugins import PluginManager
+from nexuskv.policy.bundle import PolicyBundle
+from nexuskv.policy.live import ReloadResult
 from nexuskv.policy.loader import Policies
 from nexuskv.policy.types import plugin_functions
+from nexuskv.policyops import PolicyOps
 from nexuskv.prefetch import Prefetcher
 from nexuskv.readpath import ReadPath
+from nexuskv.replay import Replayer
 from nexuskv.routing import NodeState, RouteDecision, Router
+from nexuskv.shadow import ShadowReport
 from nexuskv.writepath import CommitResult, WritePath
 from nexuskv.writer import Writer
 
@@ -73,7 +78,7 @@ class Kernel:
             self._abandon()  # a kernel that failed to start leaves no heartbeat renewing its lease, no threads
             raise
         log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
-                 policies=self.policies.tenants() if self.policies else [],
+                 policies=self.policies.tenants() if self.policies else [], policy_revision=self.policy_revision,
                  plugin_problems=len(self.plugins.problems))  # fmt: skip
 
     def _assemble(self, cfg: KernelConfig, profile: CostProfile) -> None:
@@ -82,25 +87,27 @@ class Kernel:
         self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s)
         self.hierarchy = Hierarchy(cfg, (self.plugins.tier_stores(), self.plugins.transports()), self.index,
                                    self.cost, self.health, self.membership)  # fmt: skip
-        self.policies: Policies | None = None
-        if cfg.policies:
-            decls, problems = plugin_functions(self.plugins.cel_functions())
-            for problem in problems:
-                log.error("plugin CEL function unusable", problem=problem)
-            self.policies = Policies.load(cfg.policies, decls)
+        decls, problems = plugin_functions(self.plugins.cel_functions()) if cfg.policies or cfg.policy_rollout \
+            else ({}, [])  # fmt: skip
+        for problem in problems:
+            log.error("plugin CEL function unusable", problem=problem)
+        self.policy_ops = PolicyOps(cfg, decls)  # a broken policy directory at start is a PolicyError
+        self.live = self.policy_ops.live
         self.planner = Planner(self.cost, self.health, self.tier_order, transport=cfg.transports[0],
                                remote_transport=self.hierarchy.remote,
                                shared_tiers=self.hierarchy.shared_tiers)  # fmt: skip
         self.keyring = Keys(self.keyer, cfg.session_cache)
-        self.writes = WritePath(cfg, self.keyring, self.hierarchy, self.health, self.policies)
+        self.writes = WritePath(cfg, self.keyring, self.hierarchy, self.health, self.live)
         self.loads = LoadPath(cfg, self.keyring, self.hierarchy, self.health, self.writes, self.plan_seal,
-                              self.policies)
+                              self.live)
         self.prefetcher = Prefetcher(self.writes.prefetch_move, max_bytes=cfg.prefetch_max_bytes,
                                      max_tasks=cfg.prefetch_max_tasks, tenant_share=cfg.prefetch_tenant_share)
-        self.decision_log = DecisionLog(self.plugins)
-        self.reads = ReadPath(cfg, self.keyring, self.index, self.planner, self.policies, self.membership,
+        self.decision_log = DecisionLog(self.plugins, file=cfg.decision_file, inputs_for=cfg.decision_inputs,
+                                        context=Replayer.of(self.planner), node=self.node)  # fmt: skip
+        self.reads = ReadPath(cfg, self.keyring, self.index, self.planner, self.live, self.membership,
                               self.health, self.cost, self.prefetcher, self.decision_log, self.plan_seal)  # fmt: skip
         self.router = Router(self.reads, self.cost, self.membership, cfg.deadline_ms)
+        self.policy_ops.start(self.node, self.planner, self.decision_log, self.control)
         bind = getattr(self.index, "bind", None)
         if callable(bind):  # a cluster-wide index follows this kernel's membership and publishes its holdings
             bind(self)
@@ -113,7 +120,7 @@ class Kernel:
 
     def _abandon(self) -> None:
         """Close what a failed start had built, in reverse (errors ignored: the start's own error is raised)."""
-        for part in ("reads", "decision_log", "prefetcher", "loads", "writes", "hierarchy"):
+        for part in ("policy_ops", "reads", "decision_log", "prefetcher", "loads", "writes", "hierarchy"):
             obj = getattr(self, part, None)
             if obj is not None:
                 with contextlib.suppress(Exception):
@@ -152,6 +159,43 @@ class Kernel:
         return cls(KernelConfig.from_toml(path), **kwargs)
 
     # ------------------------------------------------------------------------------------------ the parts' state
+
+    @property
+    def policies(self) -> Policies | None:
+        """The policies serving now (None without policies, or while a rollout node waits for its first bundle)."""
+        return self.policy_ops.current
+
+    @property
+    def policy_revision(self) -> str:
+        """The serving policy revision ("" when none serves): what plans name and what rollouts report."""
+        return self.policy_ops.revision
+
+    def reload_policies(self) -> ReloadResult:
+        """Load the policy directory again and swap it in atomically, or refuse it whole and keep serving.
+
+        The new revision is parsed, type-checked and compiled on the calling thread (not on any plan's); plans
+        already running finish on the revision they started with. Problems are logged with file, rule, line and
+        column and returned in the result. Raises `ValueError` when the config names no policy directory.
+        """
+        return self.policy_ops.reload()
+
+    def shadow_policies(self, candidate: str | os.PathLike[str] | PolicyBundle | Policies | None) -> str | None:
+        """Evaluate a candidate revision beside the live one on every plan from now on, without changing any plan.
+
+        `candidate` is a policy directory, a bundle or compiled `Policies` (a `PolicyError` when it does not
+        load: nothing changes then); `None` stops shadowing. Each plan's inputs are decided again under the live
+        revision and the candidate on a thread of its own; `shadow_report()` counts the disagreements (action,
+        tokens reused, tier, deciding rules) per rule, and a sample of them is logged. Returns the candidate's
+        revision (None when stopped).
+        """
+        return self.policy_ops.shadow(candidate)
+
+    def shadow_report(self, wait_s: float = 0.0) -> ShadowReport | None:
+        """Disagreements of the shadowed revision so far (None when none is shadowed).
+
+        With `wait_s`, first wait up to that long for the plans made so far to be compared.
+        """
+        return self.policy_ops.shadow_report(wait_s)
 
     @property
     def tiers(self) -> dict[str, TierStore]:
@@ -344,6 +388,7 @@ class Kernel:
     def close(self) -> None:
         """Stop the workers, then release tiers, transports and the control-plane lease."""
         self.membership.stop()
+        self.policy_ops.close()
         self.decision_log.close()
         self.reads.close()
         self.prefetcher.close()

@@ -24,7 +24,7 @@ from nexuskv.interfaces import StoredState
 from nexuskv.keying import Keys
 from nexuskv.kinds import group_masks
 from nexuskv.logs import get_logger
-from nexuskv.policy.loader import Policies
+from nexuskv.policy.live import LivePolicies
 from nexuskv.sharing import authorise
 from nexuskv.writepath import WritePath
 
@@ -67,10 +67,10 @@ class LoadPath:
     """Materialize plans and take connectors' load reports; owns the loader pool."""
 
     def __init__(self, config: KernelConfig, keys: Keys, hierarchy: Hierarchy, health: Health,
-                 writes: WritePath, seal: PlanSeal, policies: Policies | None) -> None:  # fmt: skip
+                 writes: WritePath, seal: PlanSeal, live: LivePolicies | None) -> None:  # fmt: skip
         self.config = config
         self.seal = seal
-        self.policies = policies
+        self.live = live
         self.keys = keys
         self.hierarchy = hierarchy
         self.health = health
@@ -146,7 +146,8 @@ class LoadPath:
         if plan.tokens_reused > len(request.token_ids):
             return f"the plan reuses {plan.tokens_reused} tokens of a {len(request.token_ids)}-token request"
         if plan.namespace is not None:
-            return authorise(self.policies, request, plan.namespace, plan.tokens_reused // request.layout.page_size)
+            policies = self.live.current if self.live is not None else None
+            return authorise(policies, request, plan.namespace, plan.tokens_reused // request.layout.page_size)
         return ""
 
     def _load_many(self, keys: Sequence[bytes], jobs: list[tuple[int, int]],

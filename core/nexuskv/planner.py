@@ -298,6 +298,7 @@ def decide(
     prefetch_target: str = "",
     shared_from: Namespace | None = None,
     deadline: float | None = None,
+    revision: str | None = None,
 ) -> Decision:
     """Price the candidates, apply the tenant's reuse rules and minimum gain, and choose.
 
@@ -305,6 +306,7 @@ def decide(
     candidate to the cap; a plain deny rules the candidate out. Blocks past the chosen cut that sit in a slower
     tier and would pay if they were in `prefetch_target` are proposed for prefetch. `shared_from` is the
     namespace of another tenant whose shared state `match` found: reuse rules then see `match.shared`.
+    `revision` is what the plan names as its policy revision (default: the policy set's own).
     """
     from nexuskv.policy.model import Candidate as MatchView  # the view reuse rules see as `match`
 
@@ -376,7 +378,8 @@ def decide(
         reasons.insert(0, f"shared by tenant {shared_from.tenant} (scope {shared_from.scope})")
     plan = to_plan(request, chosen, action=action, decision_id=decision_id, page=page,
                    transport=planner.transport, prefetch=prefetch, prefetch_to=prefetch_target, reasons=reasons,
-                   rules=rules, revision=getattr(policy, "revision", ""), epoch=epoch, cost=planner.cost,
+                   rules=rules, epoch=epoch,
+                   revision=getattr(policy, "revision", "") if revision is None else revision, cost=planner.cost,
                    namespace=shared_from if chosen is not None else None,
                    peer=(lambda t, n: planner.peer(t, n, node)) if planner.remote_transport else None,
                    remote_transport=planner.remote_transport)  # fmt: skip

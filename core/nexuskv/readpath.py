@@ -9,11 +9,11 @@ unhealthy control plane gives `recompute` with the reason (`fail-open: ...`).
 from __future__ import annotations
 
 import concurrent.futures
-import os
+import functools
+import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from nexuskv.config import KernelConfig
 from nexuskv.contracts import Namespace, Plan, PlanAction, Request
@@ -28,24 +28,21 @@ from nexuskv.index import Match, Matcher
 from nexuskv.interfaces import slot_of
 from nexuskv.keying import Keys
 from nexuskv.logs import get_logger
-from nexuskv.planner import Decision, Planner, decide, to_plan
+from nexuskv.planner import Planner, to_plan
+from nexuskv.policy.live import LivePolicies
 from nexuskv.policy.loader import Policies
 from nexuskv.prefetch import Prefetcher
-from nexuskv.sharing import granted
+from nexuskv.replay import DecisionInputs, decide_with_shares
 
 __all__ = ["ReadPath"]
 
 log = get_logger("nexuskv.kernel")  # planning failures keep the logger name operators filter on
 
 
-def _gain(plan: Plan) -> float:
-    return plan.predicted.gain_ms if plan.action == PlanAction.MATERIALIZE else 0.0
-
-
 class ReadPath:
     """Plans requests; owns the matcher watchdog, link conditions and prefetch de-duplication."""
 
-    def __init__(self, config: KernelConfig, keys: Keys, index: Matcher, planner: Planner, policies: Policies | None,
+    def __init__(self, config: KernelConfig, keys: Keys, index: Matcher, planner: Planner, live: LivePolicies | None,
                  membership: Membership, health: Health, cost: CostModel, prefetcher: Prefetcher,
                  decisions: DecisionLog, seal: PlanSeal) -> None:  # fmt: skip
         self.config = config
@@ -53,7 +50,7 @@ class ReadPath:
         self.keys = keys
         self.index = index
         self.planner = planner
-        self.policies = policies
+        self.live = live
         self.membership = membership
         self.health = health
         self.cost = cost
@@ -70,6 +67,11 @@ class ReadPath:
         self.deadline_fallbacks = 0  # plans that answered recompute because their deadline passed
         self._lock = threading.Lock()  # guards prefetch de-duplication and the fallback count
 
+    @property
+    def policies(self) -> Policies | None:
+        """The serving policies: read it once per operation, and use that object throughout."""
+        return self.live.current if self.live is not None else None
+
     def match(self, request: Request, keys: Sequence[bytes] | None = None) -> Match:
         """What of the request is held, where: per-block holdings and restore points by kind, tier and node."""
         return self.index.match(self.keys.keys(request) if keys is None else keys, request.layout)
@@ -85,9 +87,12 @@ class ReadPath:
         budget = (deadline_ms if deadline_ms is not None else
                   (request.slo.deadline_ms if request.slo.deadline_ms is not None else self.config.deadline_ms))
         end = t0 + budget / 1e3  # every stage and every long loop checks it: the wall time is bounded
-        decision_id = os.urandom(8).hex()
+        decision_id = f"{random.getrandbits(64):016x}"  # no system call: it would hand the GIL away mid-plan
         stage = "start"
+        policies = self.policies  # one revision for the whole plan, whatever a reload swaps in meanwhile
         try:
+            if policies is None and self.live is not None:
+                return self._fallback(request, decision_id, t0, "no policy revision serving yet")
             if not self.membership.ok():
                 return self._fallback(request, decision_id, t0,
                                       f"control plane unavailable ({self.membership.problem})")
@@ -108,22 +113,17 @@ class ReadPath:
                 except concurrent.futures.TimeoutError:
                     raise DeadlinePassed("the matcher") from None
             check(end, "match")
-            stage = "policy"
-            policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
             stage = "plan"
-            decide_args = dict(node=request.node or self.config.node, decision_id=decision_id,
-                               epoch=self.membership.epoch, inflight=self._inflight(),
-                               bandwidth_scale=self.bandwidth_scale, prefetch_target=self.prefetch_target)
-            decision = decide(self.planner, request, match, policy, deadline=end, **decide_args)  # type: ignore[arg-type]
-            check(end, "plan")
-            stage = "shared state"
-            for owner, scope in self.policies.readable_by(request.tenant) if self.policies is not None else ():
-                try:  # the own plan stands when time runs out: shared candidates are an optimisation on top
-                    got = self._shared_decision(request, owner, scope, policy, decide_args, end)
-                except DeadlinePassed:
-                    break
-                if got is not None and _gain(got[0].plan) > _gain(decision.plan):
-                    decision, keys = got
+            args = dict(node=request.node or self.config.node, decision_id=decision_id,
+                        revision=policies.revision if policies is not None else "", epoch=self.membership.epoch,
+                        inflight=self._inflight(), bandwidth_scale=self.bandwidth_scale,
+                        prefetch_target=self.prefetch_target)  # fmt: skip
+            capture = self.capture(request.tenant)
+            shared: dict[tuple[str, str], Match] | None = {} if capture else None
+            lookup = functools.partial(self._shared_state, request, end, shared)
+            decision, shared_keys = decide_with_shares(self.planner, request, match, policies, args, lookup, end)
+            if shared_keys is not None:
+                keys = shared_keys
         except DeadlinePassed as exc:
             with self._lock:  # the count stays exact under many planning threads
                 self.deadline_fallbacks += 1
@@ -134,20 +134,41 @@ class ReadPath:
         plan = self.seal.seal(decision.plan, fresh=True)  # made by decide() for this call alone
         if plan.prefetch:
             self._propose_prefetch(request, keys, plan)
-        self.decisions.record(plan, t0)
+        inputs = None
+        if capture:  # the objects as they are: rendered (and replayed) off the hot path
+            inputs = DecisionInputs(request, match, args["node"], args["epoch"], args["inflight"],  # type: ignore[arg-type]
+                                    dict(self.bandwidth_scale), self.prefetch_target, self._open_paths(),
+                                    self._links_in_use(), shared or {})  # fmt: skip
+        self.decisions.record(plan, t0, inputs=inputs, policies=policies if capture else None)
         return plan
 
-    def _shared_decision(self, request: Request, owner: str, scope: str, policy: Any, decide_args: Mapping[str, Any],
-                         end: float) -> tuple[Decision, list[bytes]] | None:  # fmt: skip
-        """A decision over another tenant's shared scope, if its `share` rule grants this request anything."""
-        check(end, "shared state")
+    def _shared_state(self, request: Request, end: float, seen: dict[tuple[str, str], Match] | None, owner: str,
+                      scope: str) -> tuple[Match, list[bytes]]:  # fmt: skip
+        """What the index holds of `request` in another tenant's scope (its keys in that namespace, and the match)."""
         ns = Namespace(tenant=owner, scope=scope, cache_salt=request.cache_salt)
         keys = self.keys.held_prefix(ns, request, self.index.get, deadline=end)
         match = self.index.match(keys, request.layout, **({"deadline": end} if self._inline_matcher else {}))
-        blocks = match.longest()
-        if not blocks or self.policies is None or not granted(self.policies, request, owner, scope, blocks):
-            return None
-        return decide(self.planner, request, match, policy, shared_from=ns, deadline=end, **decide_args), keys
+        if seen is not None:
+            seen[(owner, scope)] = match
+        return match, keys
+
+    def capture(self, tenant: str) -> bool:
+        """Whether plans of `tenant` keep their inputs (shadow evaluation runs, or its records carry them)."""
+        return self.decisions.wants_inputs(tenant)
+
+    def _open_paths(self) -> frozenset[str]:
+        return frozenset(n for n, b in self.health.snapshot().items() if b["state"] == "open")
+
+    def _links_in_use(self) -> dict[str, tuple[float, float]]:
+        links = self.cost.links
+        if links is None:
+            return {}
+        out = {}
+        for name in links.snapshot():
+            est = links.get(name)  # what pricing uses: enough samples, not too old
+            if est is not None:
+                out[name] = (est.latency_ms, est.bandwidth_bytes_per_s)
+        return out
 
     def _inflight(self) -> dict[str, float]:
         out: dict[str, float] = dict(self.link_load)

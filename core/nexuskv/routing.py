@@ -196,7 +196,8 @@ class Router:
             match = reads.match(request, keys)
             check(end, "match")
             stage = "policy"
-            policy = reads.policies.for_tenant(request.tenant) if reads.policies is not None else None
+            policies = reads.policies  # one revision for every node's plan
+            policy = policies.for_tenant(request.tenant) if policies is not None else None
             stage = "pricing"
             options = [self._price(request, match, policy, ns, end) for ns in nodes]
         except DeadlinePassed as exc:

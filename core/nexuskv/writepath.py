@@ -24,6 +24,7 @@ from nexuskv.identity import checksum
 from nexuskv.interfaces import StoredState, slot_of
 from nexuskv.keying import Keys
 from nexuskv.logs import get_logger
+from nexuskv.policy.live import LivePolicies
 from nexuskv.policy.loader import Policies
 from nexuskv.writer import WriteItem, Writer
 
@@ -62,12 +63,13 @@ class WritePath:
     """Commit, describe, admit, place and store; owns the bounded writer and its thread."""
 
     def __init__(self, config: KernelConfig, keys: Keys, hierarchy: Hierarchy, health: Health,
-                 policies: Policies | None) -> None:  # fmt: skip
+                 live: LivePolicies | None) -> None:  # fmt: skip
         self.config = config
         self.keys = keys
         self.hierarchy = hierarchy
         self.health = health
-        self.policies = policies
+        self.live = live
+        self.unadmitted = 0  # blocks not stored because no policy revision served yet (a rollout node's start)
         self.writer = Writer(self._write, config.writer_max_bytes, config.writer_max_items)
         self.orphans = 0  # paged blocks not stored because no tier holds their prefix
 
@@ -124,6 +126,11 @@ class WritePath:
         accepted = self.writer.submit(work, tenant=request.tenant)
         return CommitResult(accepted=accepted, refused=len(work) - accepted)
 
+    @property
+    def policies(self) -> Policies | None:
+        """The serving policies: read it once per operation, and use that object throughout."""
+        return self.live.current if self.live is not None else None
+
     def promote(self, request: Request, states: Mapping[tuple[int, int], StoredState], source: str) -> None:
         """Queue a copy of state just read from `source` for the tier its place rules choose (best effort)."""
         promote = [_Promotion(request, st.descriptor, st.payload, source) for st in states.values()]
@@ -135,9 +142,10 @@ class WritePath:
         The state goes to the tier its place rules choose (the proposed `target` when none fires), and only
         when that tier is faster than `source`: archived state a place rule keeps remote stays remote.
         """
-        if request is None or self.policies is None:
+        policies = self.policies
+        if request is None or policies is None:
             return self.hierarchy.move(slot, source, target)
-        policy = self.policies.for_tenant(request.tenant)
+        policy = policies.for_tenant(request.tenant)
         return self.hierarchy.move(slot, source, target,
                                    choose=lambda desc: self._faster(policy, desc, request, source, target))
 
@@ -172,7 +180,11 @@ class WritePath:
             return
         first = h.fastest
         desc = self.describe(request, block, data, tier=first, group=group, keys=keys, tensors=spec)
-        policy = self.policies.for_tenant(request.tenant) if self.policies is not None else None
+        policies = self.policies  # one revision decides admission and placement of this block
+        if policies is None and self.live is not None:
+            self.unadmitted += 1  # no revision serves yet: admit nothing rather than bypass the tenant's rules
+            return
+        policy = policies.for_tenant(request.tenant) if policies is not None else None
         priority: float | None = None
         ttl_s: float | None = None
         tier = first
@@ -221,7 +233,10 @@ class WritePath:
         desc, source = item.descriptor, item.source
         order = list(h.tier_order)
         target, priority, ttl_s = (order[0] if order else source), None, None
-        policy = self.policies.for_tenant(item.request.tenant) if self.policies is not None else None
+        policies = self.policies
+        if policies is None and self.live is not None:
+            return  # no revision serves yet: nothing is placed without the tenant's rules
+        policy = policies.for_tenant(item.request.tenant) if policies is not None else None
         if policy is not None:
             target, priority, ttl_s = self._placement(policy, desc, item.request, target)
         if not h.faster(target, source):
