@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,13 @@ from nexuskv.contracts import Predicted, Request, StateDescriptor, from_dict
 from nexuskv.errors import ContractError
 from nexuskv.policy.loader import Policies
 from nexuskv.policy.model import Candidate, RouteTarget
+from nexuskv.policy.policyset import PolicySet
 from nexuskv.policy.verdict import Verdict
 
-__all__ = ["CaseResult", "build_activation", "run_tests", "sample_request", "sample_state"]
+__all__ = ["CaseResult", "Observer", "build_activation", "run_tests", "sample_request", "sample_state"]
+
+Observer = Callable[[PolicySet, str, dict[str, Any]], None]
+"""Called with (policy set, kind, activation values) for every case that was evaluated (see `policy.coverage`)."""
 
 _LAYOUT = {"groups": [{"kind": "dense", "layers": 4, "kv_heads": 2, "head_dim": 64}], "page_size": 16}
 _MODEL = {"name": "tiny-llama", "revision": "1", "dtype": "float16"}
@@ -161,8 +165,8 @@ def _check(verdict: Verdict, expect: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def run_tests(policies: Policies, paths: list[Path]) -> list[CaseResult]:
-    """Run every `[[case]]` of the given TOML files against `policies`."""
+def run_tests(policies: Policies, paths: list[Path], observe: Observer | None = None) -> list[CaseResult]:
+    """Run every `[[case]]` of the given TOML files against `policies`; `observe` sees each evaluated case."""
     results: list[CaseResult] = []
     for path in paths:
         try:
@@ -172,14 +176,16 @@ def run_tests(policies: Policies, paths: list[Path]) -> list[CaseResult]:
             continue
         for i, case in enumerate(data.get("case", [])):
             name = str(case.get("name", f"case {i}"))
-            results.append(_run_case(policies, str(path), name, case))
+            results.append(_run_case(policies, str(path), name, case, observe))
         extra = set(data) - {"case"}
         if extra:
             results.append(CaseResult(str(path), "<file>", False, (f"unknown top-level keys {sorted(extra)}",)))
     return results
 
 
-def _run_case(policies: Policies, file: str, name: str, case: Mapping[str, Any]) -> CaseResult:
+def _run_case(
+    policies: Policies, file: str, name: str, case: Mapping[str, Any], observe: Observer | None = None
+) -> CaseResult:
     unknown = set(case) - {"name", "policy", "kind", "input", "expect"}
     if unknown:
         return CaseResult(file, name, False, (f"unknown case keys {sorted(unknown)}",))
@@ -196,5 +202,7 @@ def _run_case(policies: Policies, file: str, name: str, case: Mapping[str, Any])
         verdict = ps.evaluate(str(case.get("kind", "")), act)
     except (ContractError, ValueError) as exc:
         return CaseResult(file, name, False, (str(exc),))
+    if observe is not None:
+        observe(ps, str(case.get("kind", "")), act)
     failures = _check(verdict, case.get("expect", {}))
     return CaseResult(file, name, not failures, tuple(failures), verdict)
