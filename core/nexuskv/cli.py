@@ -11,6 +11,8 @@ from typing import Any
 import click
 
 from nexuskv import _schema
+from nexuskv._cli_impact import add_impact_commands
+from nexuskv._cli_rollout import add_rollout_commands
 from nexuskv.contracts import CONTRACTS, Request, from_dict
 from nexuskv.errors import ContractError, NexusKVError
 from nexuskv.logs import configure_logging
@@ -195,19 +197,36 @@ def policy_check(directory: str) -> None:
 @click.option("--tests", "tests_path", type=click.Path(), default=None,
               help="A test file or folder (default: DIRECTORY/tests).")  # fmt: skip
 @click.option("-v", "--verbose", is_flag=True, help="List passing cases too.")
-def policy_test(directory: str, tests_path: str | None, verbose: bool) -> None:
+@click.option("--coverage", "show_coverage", is_flag=True,
+              help="Print rule and condition coverage of the policies by the tests.")  # fmt: skip
+@click.option("--coverage-json", type=click.Path(dir_okay=False), default=None,
+              help="Write the coverage report as JSON to this file.")  # fmt: skip
+@click.option("--min-coverage", type=click.FloatRange(0, 100), default=None, metavar="PCT",
+              help="Exit 1 when fewer than PCT percent of the conditions are covered.")  # fmt: skip
+def policy_test(
+    directory: str,
+    tests_path: str | None,
+    verbose: bool,
+    show_coverage: bool,
+    coverage_json: str | None,
+    min_coverage: float | None,
+) -> None:
     """Run policy unit tests (TOML `[[case]]`s with inputs and expected verdicts); exit 1 on any failure."""
+    from nexuskv.policy.coverage import CoverageCollector, render
     from nexuskv.policy.loader import Policies, PolicyError
     from nexuskv.policy.testing import run_tests
 
+    functions = _functions()
     try:
-        policies = Policies.load(directory, _functions())
+        policies = Policies.load(directory, functions)
     except PolicyError as exc:
         click.echo(str(exc), err=True)
         sys.exit(1)
     where = Path(tests_path) if tests_path else Path(directory) / "tests"
     paths = sorted(where.glob("*.toml")) if where.is_dir() else [where]
-    results = run_tests(policies, paths)
+    measure = show_coverage or coverage_json is not None or min_coverage is not None
+    collector = CoverageCollector(policies, functions) if measure else None
+    results = run_tests(policies, paths, observe=collector.observe if collector is not None else None)
     for r in results:
         if not r.passed:
             click.echo(f"FAIL {r.file}: {r.name}")
@@ -217,7 +236,21 @@ def policy_test(directory: str, tests_path: str | None, verbose: bool) -> None:
             click.echo(f"ok   {r.file}: {r.name}")
     passed = sum(r.passed for r in results)
     click.echo(f"policy tests: {passed} passed, {len(results) - passed} failed")
-    if passed != len(results) or not results:
+    failed = passed != len(results) or not results
+    if collector is not None:
+        cov = collector.result()
+        if show_coverage:
+            click.echo("\n" + render(cov))
+        if coverage_json is not None:
+            try:
+                Path(coverage_json).write_text(json.dumps(cov.to_dict(), indent=2) + "\n", encoding="utf-8")
+            except OSError as exc:
+                raise click.ClickException(f"{coverage_json}: cannot write it: {exc.strerror or exc}") from None
+        pct = cov.totals.conditions_pct
+        if min_coverage is not None and pct < min_coverage:
+            click.echo(f"condition coverage {pct:.1f}% is below --min-coverage {min_coverage:g}%", err=True)
+            failed = True
+    if failed:
         sys.exit(1)
 
 
@@ -322,3 +355,6 @@ def main() -> None:
     """Console-script entry point."""
     _with_plugin_commands()(prog_name="nexuskv")
 
+
+add_rollout_commands(policy_grp, _functions)  # publish, rollout-status, rollback (_cli_rollout.py)
+add_impact_commands(policy_grp, _functions)  # diff (_cli_impact.py)

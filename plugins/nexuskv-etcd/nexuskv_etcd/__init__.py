@@ -1,6 +1,7 @@
-"""NexusKV control plane on etcd: leases, fencing epochs from etcd revisions, a watched cluster view."""
+"""NexusKV control plane on etcd: leases, fencing epochs, a watched cluster view, the policy rollout channel."""
 
 from nexuskv_etcd.plane import EtcdControlPlane
+from nexuskv_etcd.policy import EtcdPolicyChannel
 from nexuskv_etcd.view import ClusterView
 
-__all__ = ["ClusterView", "EtcdControlPlane"]
+__all__ = ["ClusterView", "EtcdControlPlane", "EtcdPolicyChannel"]

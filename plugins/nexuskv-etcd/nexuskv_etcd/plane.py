@@ -23,6 +23,7 @@ from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.utils import _encode
 
 from nexuskv import Lease
+from nexuskv_etcd.policy import EtcdPolicyChannel
 from nexuskv_etcd.view import ClusterView, members_of, range_of
 
 __all__ = ["EtcdControlPlane"]
@@ -108,6 +109,10 @@ class EtcdControlPlane:
         if self.view is not None and self.view.synced:
             return self.view.members()
         return members_of(range_of(self._post, self.prefix + "members/")[1], self.prefix)
+
+    def policy_channel(self) -> EtcdPolicyChannel:
+        """The fleet's policy channel under `{prefix}policy/`, through this plane's connection (see `policy.py`)."""
+        return EtcdPolicyChannel(self._post, self.prefix)
 
     def close(self) -> None:
         """Stop the watch and close the HTTP session (leases are left to expire or to the caller to revoke)."""
