@@ -43,6 +43,7 @@ def test_a_rollout_node_without_policies_recomputes_and_stores_nothing_until_its
         assert k.flush(5) and k.match(req).longest() == len(keys)
         plan = k.plan(req)
         assert plan.action.value == "materialize" and plan.policy_revision == bundle.revision
+        assert k._status()["policy_revision"] == bundle.revision  # what the node publishes to the cluster view
 
 
 def test_control_plane_rollout_needs_a_plane_with_a_channel():

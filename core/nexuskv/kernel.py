@@ -135,7 +135,8 @@ class Kernel:
         """What this node publishes to the cluster view each heartbeat.
 
         Link estimates (`links`), where peers reach it (`addresses`), its backpressure (the writer's queue and
-        refusals, prefetch bytes in flight) and the paths it has stopped using (`breakers` not closed).
+        refusals, prefetch bytes in flight), the paths it has stopped using (`breakers` not closed) and the policy
+        revision it serves (`policy_revision`, with policies).
         """
         out: dict[str, Any] = {}
         if getattr(self, "links", None) is not None:
@@ -151,6 +152,8 @@ class Kernel:
             out["backpressure"] = {"writer_items": items, "writer_bytes": nbytes, "writer_fill": fill,
                                    "writer_refused": w.stats["refused"], "prefetch_inflight_bytes": inflight}
             out["breakers"] = {n: b["state"] for n, b in self.health.snapshot().items() if b["state"] != "closed"}
+            if self.policy_ops.live is not None:  # the cluster view shows which policy revision each node serves
+                out["policy_revision"] = self.policy_revision
         return out
 
     @classmethod

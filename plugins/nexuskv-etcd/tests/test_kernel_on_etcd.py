@@ -96,5 +96,6 @@ def test_a_kernel_publishes_what_it_measures(etcd_server, prefix):
             status = other.view.status()["n1"]
             assert seen and status["links"]["dram"]["samples"] >= 1
             assert status["backpressure"]["writer_fill"] >= 0 and status["breakers"] == {}  # backpressure, health
+            assert "policy_revision" not in status  # this node has no policies
         finally:
             other.close()
