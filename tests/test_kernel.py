@@ -639,3 +639,34 @@ def test_plans_from_many_threads_across_reloads_each_see_one_revision(tmp_path):
         for t in threads:
             t.join()
         assert bad == [] and len(tag_of) == 2
+
+
+def test_one_commit_is_admitted_and_placed_by_one_revision_even_when_a_reload_lands_midway(tmp_path):
+    root = tmp_path / "p"
+    (root / "tenants").mkdir(parents=True)
+
+    def place_in(tier):
+        (root / "default.toml").write_text(f'name = "default"\n[[place]]\nname = "to-{tier}"\nwhen = "true"\n'
+                                           f'tier = "{tier}"\n')  # fmt: skip
+
+    place_in("fast")
+    cfg = KernelConfig(node="n1", policies=str(root), tiers={"fast": {"store": "dram", "capacity_bytes": "4MiB"},
+                                                              "slow": {"store": "dram", "capacity_bytes": "4MiB"}})
+    with Kernel(cfg, secret=SECRET) as k:
+        real, stored = k.hierarchy.store, []
+
+        def store(desc, *a, **kw):
+            stored.append(desc.placement.tier)
+            if len(stored) == 2:  # a deploy lands while the writer is in the middle of this commit
+                place_in("slow")
+                assert k.reload_policies().applied
+            return real(desc, *a, **kw)
+
+        k.hierarchy.store = store
+        first = make_request(range(16 * 6))
+        k.commit(first, [bytes(256)] * 6)
+        assert k.flush(5)
+        second = make_request(range(1000, 1000 + 16 * 3))
+        k.commit(second, [bytes(256)] * 3)
+        assert k.flush(5)
+        assert stored == ["fast"] * 6 + ["slow"] * 3  # the commit made before the reload is placed by its revision

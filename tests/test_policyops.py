@@ -65,3 +65,12 @@ def test_policy_settings_are_read_from_toml_relative_to_the_file(tmp_path):
     assert KernelConfig.from_toml(path).policy_rollout == "control-plane"
     with pytest.raises(ConfigError, match="policy_rollout_interval_s"):
         KernelConfig.from_mapping({"policy_rollout_interval_s": 0})
+
+
+def test_a_rollout_node_refuses_local_reloads_and_watching(tmp_path):
+    cfg = KernelConfig(node="n1", policies=str(ROOT), policy_rollout=str(tmp_path / "fleet"))
+    with Kernel(cfg, secret=SECRET) as k, pytest.raises(ValueError, match="publish a bundle"):
+        k.reload_policies()  # it would leave the fleet's revision while its reports say otherwise
+    with pytest.raises(ConfigError, match="exclude each other"):
+        Kernel(KernelConfig(node="n1", policies=str(ROOT), policy_watch=True, policy_rollout=str(tmp_path)),
+               secret=SECRET)

@@ -87,8 +87,8 @@ class Kernel:
         self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s)
         self.hierarchy = Hierarchy(cfg, (self.plugins.tier_stores(), self.plugins.transports()), self.index,
                                    self.cost, self.health, self.membership)  # fmt: skip
-        decls, problems = plugin_functions(self.plugins.cel_functions()) if cfg.policies or cfg.policy_rollout \
-            else ({}, [])  # fmt: skip
+        wanted = cfg.policies or cfg.policy_rollout or cfg.policy_shadow
+        decls, problems = plugin_functions(self.plugins.cel_functions()) if wanted else ({}, [])
         for problem in problems:
             log.error("plugin CEL function unusable", problem=problem)
         self.policy_ops = PolicyOps(cfg, decls)  # a broken policy directory at start is a PolicyError

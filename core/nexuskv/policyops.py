@@ -43,6 +43,9 @@ class PolicyOps:
         self.rollout: Rollout | None = None
         self._planner: Planner | None = None
         self._decisions: DecisionLog | None = None
+        if config.policy_rollout and config.policy_watch:
+            raise ConfigError("policy_watch and policy_rollout exclude each other: a node that follows the fleet's "
+                              "rollout serves the published revision, not its local directory's")  # fmt: skip
         if config.policies or config.policy_rollout:
             self.live = LivePolicies(config.policies, self.functions)
             if config.policy_watch:
@@ -88,6 +91,9 @@ class PolicyOps:
         """Load the policy directory again (see `Kernel.reload_policies`)."""
         if self.live is None:
             raise ValueError("no policy directory to reload (the kernel config has no `policies`)")
+        if self.config.policy_rollout:
+            raise ValueError("this node follows the fleet's policy rollout: publish a bundle (nexuskv policy publish) "
+                             "instead of reloading its local directory")  # fmt: skip
         return self.live.reload()
 
     def shadow(self, candidate: str | os.PathLike[str] | PolicyBundle | Policies | None) -> str | None:

@@ -54,9 +54,11 @@ class _Promotion:
     descriptor: StateDescriptor
     payload: bytes | memoryview
     source: str
+    policies: Policies | None  # the revision serving when the hit was loaded: it places every block of it
 
 
-_Produced = tuple[Request, Sequence[bytes], int, int, bytes, tuple[TensorSpec, ...]]
+# (request, keys, block, group, payload, tensors, the revision serving at commit: it admits and places them all)
+_Produced = tuple[Request, Sequence[bytes], int, int, bytes, tuple[TensorSpec, ...], "Policies | None"]
 
 
 class WritePath:
@@ -118,11 +120,12 @@ class WritePath:
         keys = self.keys.keys(request) if keys is None else keys
         items = payloads.items() if isinstance(payloads, Mapping) else (((b, 0), p) for b, p in enumerate(payloads))
         specs = tensors or {}
+        policies = self.policies  # one revision admits and places every block of this commit
         work = []
         for (block, group), payload in items:
             data = bytes(payload)  # the engine may reuse its buffer; the queue owns a copy
             spec = tuple(specs.get((block, group), ()))
-            work.append(WriteItem(len(data), (request, keys, block, group, data, spec)))
+            work.append(WriteItem(len(data), (request, keys, block, group, data, spec, policies)))
         accepted = self.writer.submit(work, tenant=request.tenant)
         return CommitResult(accepted=accepted, refused=len(work) - accepted)
 
@@ -133,7 +136,8 @@ class WritePath:
 
     def promote(self, request: Request, states: Mapping[tuple[int, int], StoredState], source: str) -> None:
         """Queue a copy of state just read from `source` for the tier its place rules choose (best effort)."""
-        promote = [_Promotion(request, st.descriptor, st.payload, source) for st in states.values()]
+        policies = self.policies
+        promote = [_Promotion(request, st.descriptor, st.payload, source, policies) for st in states.values()]
         self.writer.submit([WriteItem(len(p.payload), p) for p in promote], tenant=request.tenant)  # may be refused
 
     def prefetch_move(self, slot: bytes, source: str, target: str, request: Request | None = None) -> bool:
@@ -171,7 +175,7 @@ class WritePath:
         if isinstance(item, _Promotion):
             self._promote(item)
             return
-        request, keys, block, group, data, spec = item
+        request, keys, block, group, data, spec, policies = item
         h = self.hierarchy
         if h.orphan(keys[block - 1] if block else None, request.layout, group):  # before hashing the payload
             self.orphans += 1  # its prefix is held nowhere: it would restore nothing and push out what would
@@ -180,7 +184,6 @@ class WritePath:
             return
         first = h.fastest
         desc = self.describe(request, block, data, tier=first, group=group, keys=keys, tensors=spec)
-        policies = self.policies  # one revision decides admission and placement of this block
         if policies is None and self.live is not None:
             self.unadmitted += 1  # no revision serves yet: admit nothing rather than bypass the tenant's rules
             return
@@ -233,9 +236,9 @@ class WritePath:
         desc, source = item.descriptor, item.source
         order = list(h.tier_order)
         target, priority, ttl_s = (order[0] if order else source), None, None
-        policies = self.policies
+        policies = item.policies
         if policies is None and self.live is not None:
-            return  # no revision serves yet: nothing is placed without the tenant's rules
+            return  # no revision served yet: nothing is placed without the tenant's rules
         policy = policies.for_tenant(item.request.tenant) if policies is not None else None
         if policy is not None:
             target, priority, ttl_s = self._placement(policy, desc, item.request, target)
