@@ -299,6 +299,7 @@ def decide(
     shared_from: Namespace | None = None,
     deadline: float | None = None,
     revision: str | None = None,
+    now: Any = None,
 ) -> Decision:
     """Price the candidates, apply the tenant's reuse rules and minimum gain, and choose.
 
@@ -306,7 +307,8 @@ def decide(
     candidate to the cap; a plain deny rules the candidate out. Blocks past the chosen cut that sit in a slower
     tier and would pay if they were in `prefetch_target` are proposed for prefetch. `shared_from` is the
     namespace of another tenant whose shared state `match` found: reuse rules then see `match.shared`.
-    `revision` is what the plan names as its policy revision (default: the policy set's own).
+    `revision` is what the plan names as its policy revision (default: the policy set's own); `now` is the time
+    rules see (default: the clock; a replay passes the recorded time).
     """
     from nexuskv.policy.model import Candidate as MatchView  # the view reuse rules see as `match`
 
@@ -333,7 +335,7 @@ def decide(
             chosen = cand
             break
         check(deadline, "plan (reuse rules)")
-        verdict = _reuse_verdict(policy, request, cand, node, page, MatchView, shared_from)
+        verdict = _reuse_verdict(policy, request, cand, node, page, MatchView, shared_from, now)
         verdicts.append(verdict)
         rules.extend(r for r in verdict.deciding if r not in rules)
         reasons.extend(f"policy warning: {w}" for w in verdict.warnings)
@@ -348,7 +350,7 @@ def decide(
                                                     bandwidth_scale=bandwidth_scale, max_blocks=cap) if c.blocks]
             if capped:
                 alt = best(capped)
-                v2 = _reuse_verdict(policy, request, alt, node, page, MatchView, shared_from)
+                v2 = _reuse_verdict(policy, request, alt, node, page, MatchView, shared_from, now)
                 verdicts.append(v2)
                 fits = v2.max_tokens is None or v2.max_tokens >= alt.blocks * page
                 if alt.gain_ms > min_gain and v2.allowed and fits:
@@ -394,15 +396,17 @@ def _blocks_per_tier(c: Candidate) -> list[tuple[str, int]]:
 
 
 def _reuse_verdict(policy: Any, request: Request, cand: Candidate, node: str, page: int, view: Any,
-                   shared_from: Namespace | None = None) -> Any:  # fmt: skip
+                   shared_from: Namespace | None = None, now: Any = None) -> Any:  # fmt: skip
     owner, scope = (shared_from.tenant, shared_from.scope) if shared_from else (request.tenant, request.scope)
     match_view = view(tokens=cand.blocks * page, blocks=cand.blocks, tier=cand.slowest_tier,
                       node=cand.sources[-1][3] if cand.sources else "", owner=owner, scope=scope,
                       shared=owner != request.tenant, kind=request.layout.kind)  # fmt: skip
     predicted = Predicted(t_recompute_ms=cand.t_recompute_ms, t_lookup_ms=cand.t_lookup_ms,
                           t_transfer_ms=cand.t_transfer_ms, t_mount_ms=cand.t_mount_ms, gain_ms=cand.gain_ms)
-    return policy.evaluate("reuse", {"request": request, "match": match_view, "tier": cand.slowest_tier,
-                                     "node": node, "cost": predicted})  # fmt: skip
+    values = {"request": request, "match": match_view, "tier": cand.slowest_tier, "node": node, "cost": predicted}
+    if now is not None:
+        values["now"] = now
+    return policy.evaluate("reuse", values)
 
 
 def _prefetch(planner: Planner, longest: Candidate, chosen: Candidate | None, target: str,

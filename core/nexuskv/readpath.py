@@ -9,6 +9,7 @@ unhealthy control plane gives `recompute` with the reason (`fail-open: ...`).
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import functools
 import random
 import threading
@@ -32,7 +33,7 @@ from nexuskv.planner import Planner, to_plan
 from nexuskv.policy.live import LivePolicies
 from nexuskv.policy.loader import Policies
 from nexuskv.prefetch import Prefetcher
-from nexuskv.replay import DecisionInputs, decide_with_shares
+from nexuskv.replay import DecisionInputs, Recorder, decide_with_shares
 
 __all__ = ["ReadPath"]
 
@@ -119,9 +120,13 @@ class ReadPath:
                         inflight=self._inflight(), bandwidth_scale=self.bandwidth_scale,
                         prefetch_target=self.prefetch_target)  # fmt: skip
             capture = self.capture(request.tenant)
-            shared: dict[tuple[str, str], Match] | None = {} if capture else None
+            planner, recorder, shared = self.planner, None, None
+            if capture:  # plan through a recorder: the inputs are what this plan read, as it read them
+                recorder = Recorder(self.health, self.cost.links)
+                planner, shared = recorder.planner(self.planner), {}
+                args["now"] = datetime.datetime.now(datetime.UTC)
             lookup = functools.partial(self._shared_state, request, end, shared)
-            decision, shared_keys = decide_with_shares(self.planner, request, match, policies, args, lookup, end)
+            decision, shared_keys = decide_with_shares(planner, request, match, policies, args, lookup, end)
             if shared_keys is not None:
                 keys = shared_keys
         except DeadlinePassed as exc:
@@ -135,10 +140,10 @@ class ReadPath:
         if plan.prefetch:
             self._propose_prefetch(request, keys, plan)
         inputs = None
-        if capture:  # the objects as they are: rendered (and replayed) off the hot path
+        if recorder is not None:  # the objects as they are: rendered (and replayed) off the hot path
             inputs = DecisionInputs(request, match, args["node"], args["epoch"], args["inflight"],  # type: ignore[arg-type]
-                                    dict(self.bandwidth_scale), self.prefetch_target, self._open_paths(),
-                                    self._links_in_use(), shared or {})  # fmt: skip
+                                    args["bandwidth_scale"], args["prefetch_target"], frozenset(recorder.denied),  # type: ignore[arg-type]
+                                    recorder.links, shared or {}, at=args["now"])  # type: ignore[arg-type]  # fmt: skip
         self.decisions.record(plan, t0, inputs=inputs, policies=policies if capture else None)
         return plan
 
@@ -155,20 +160,6 @@ class ReadPath:
     def capture(self, tenant: str) -> bool:
         """Whether plans of `tenant` keep their inputs (shadow evaluation runs, or its records carry them)."""
         return self.decisions.wants_inputs(tenant)
-
-    def _open_paths(self) -> frozenset[str]:
-        return frozenset(n for n, b in self.health.snapshot().items() if b["state"] == "open")
-
-    def _links_in_use(self) -> dict[str, tuple[float, float]]:
-        links = self.cost.links
-        if links is None:
-            return {}
-        out = {}
-        for name in links.snapshot():
-            est = links.get(name)  # what pricing uses: enough samples, not too old
-            if est is not None:
-                out[name] = (est.latency_ms, est.bandwidth_bytes_per_s)
-        return out
 
     def _inflight(self) -> dict[str, float]:
         out: dict[str, float] = dict(self.link_load)

@@ -10,6 +10,7 @@ figures. `Replayer` rebuilds a planner over those frozen inputs and decides agai
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from nexuskv.planner import Decision, Planner, decide
 from nexuskv.policy.loader import Policies
 from nexuskv.sharing import granted
 
-__all__ = ["DecisionInputs", "Outcome", "Replayer", "decide_with_shares"]
+__all__ = ["DecisionInputs", "Outcome", "Recorder", "Replayer", "decide_with_shares"]
 
 Lookup = Callable[[str, str], "tuple[Match, Sequence[bytes]] | None"]
 
@@ -44,6 +45,7 @@ def decide_with_shares(planner: Planner, request: Request, match: Match, policie
     stands when the deadline passes during the shared scopes (they are an optimisation on top).
     """
     policy = policies.for_tenant(request.tenant) if policies is not None else None
+    now = args.get("now")
     decision = decide(planner, request, match, policy, deadline=end, **args)
     chosen_keys: Sequence[bytes] | None = None
     check(end, "plan")
@@ -55,7 +57,7 @@ def decide_with_shares(planner: Planner, request: Request, match: Match, policie
                 continue
             shared, keys = found
             blocks = shared.longest()
-            if not blocks or not granted(policies, request, owner, scope, blocks):  # type: ignore[arg-type]
+            if not blocks or not granted(policies, request, owner, scope, blocks, now):  # type: ignore[arg-type]
                 continue
             ns = Namespace(tenant=owner, scope=scope, cache_salt=request.cache_salt)
             got = decide(planner, request, shared, policy, shared_from=ns, deadline=end, **args)
@@ -84,12 +86,13 @@ class DecisionInputs:
     links: Mapping[str, tuple[float, float]] = field(factory=dict)  # link -> (latency ms, bytes/s) in use
     shared: dict[tuple[str, str], Match] = field(factory=dict)  # (owner, scope) -> what the index held there
     token_count: int = -1  # the request's token count when its token ids were redacted (-1: not redacted)
+    at: datetime.datetime | None = None  # the time rules saw (`now`): a replay evaluates them at that time
 
     def args(self, decision_id: str = "replay", revision: str = "") -> dict[str, Any]:
         """Keyword arguments of `decide` (besides the request, match and policy)."""
         return dict(node=self.node, decision_id=decision_id, epoch=self.epoch, inflight=dict(self.inflight),
                     bandwidth_scale=dict(self.bandwidth_scale), prefetch_target=self.prefetch_target,
-                    revision=revision)  # fmt: skip
+                    revision=revision, now=self.at)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         """Plain data; the request's token ids are replaced by their count (prompts do not go into logs)."""
@@ -99,7 +102,8 @@ class DecisionInputs:
                 "node": self.node, "epoch": self.epoch, "inflight": dict(self.inflight),
                 "bandwidth_scale": dict(self.bandwidth_scale), "prefetch_target": self.prefetch_target,
                 "open_paths": sorted(self.open_paths), "links": {k: list(v) for k, v in self.links.items()},
-                "shared": [[o, s, _match_out(m)] for (o, s), m in sorted(self.shared.items())]}  # fmt: skip
+                "shared": [[o, s, _match_out(m)] for (o, s), m in sorted(self.shared.items())],
+                "at": self.at.isoformat() if self.at is not None else None}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DecisionInputs:
@@ -114,7 +118,8 @@ class DecisionInputs:
                    {k: float(v) for k, v in data.get("bandwidth_scale", {}).items()},
                    str(data.get("prefetch_target", "")), frozenset(data.get("open_paths", ())),
                    {k: (float(v[0]), float(v[1])) for k, v in data.get("links", {}).items()},
-                   {(o, s): _match_in(m, layout) for o, s, m in data.get("shared", ())}, count)  # fmt: skip
+                   {(o, s): _match_in(m, layout) for o, s, m in data.get("shared", ())}, count,
+                   datetime.datetime.fromisoformat(data["at"]) if data.get("at") else None)  # fmt: skip
 
 
 def _match_out(match: Match) -> dict[str, Any]:
@@ -141,6 +146,37 @@ def _match_in(data: Mapping[str, Any], layout: Any) -> Match:
 
 
 # ---------------------------------------------------------------------------------------------- replaying
+
+
+class Recorder:
+    """What one plan's pricing read from the breakers and the link estimates, recorded as it reads it.
+
+    `planner(p)` is a copy of planner `p` that reads through the recorder; a plan made with it is the plan `p`
+    makes, and `denied` / `links` are then exactly the paths it could not use and the estimates it priced by.
+    """
+
+    def __init__(self, health: Any, links: Any) -> None:
+        self._health, self._links = health, links
+        self.denied: set[str] = set()
+        self.links: dict[str, tuple[float, float]] = {}
+
+    def allow(self, name: str) -> bool:
+        ok: bool = self._health.allow(name)
+        if not ok:
+            self.denied.add(name)
+        return ok
+
+    def get(self, name: str) -> LinkEstimate | None:
+        est: LinkEstimate | None = self._links.get(name) if self._links is not None else None
+        if est is not None:
+            self.links[name] = (est.latency_ms, est.bandwidth_bytes_per_s)
+        return est
+
+    def planner(self, p: Planner) -> Planner:
+        """`p`, reading breakers and links through this recorder."""
+        cost = CostModel(p.cost.profile, links=self)  # type: ignore[arg-type]
+        return Planner(cost, self, p.tier_order, transport=p.transport,  # type: ignore[arg-type]
+                       remote_transport=p.remote_transport, shared_tiers=tuple(p.shared_tiers))  # fmt: skip
 
 
 class _FrozenHealth:

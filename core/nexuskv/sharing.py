@@ -7,6 +7,8 @@ and must not be trusted to say whose state it may read.
 
 from __future__ import annotations
 
+from typing import Any
+
 from nexuskv.contracts import Namespace, Request
 from nexuskv.policy.loader import Policies, PolicyError
 from nexuskv.policy.model import Candidate
@@ -14,11 +16,15 @@ from nexuskv.policy.model import Candidate
 __all__ = ["authorise", "granted"]
 
 
-def granted(policies: Policies, request: Request, owner: str, scope: str, blocks: int) -> bool:
-    """True when `owner`'s `share` rules grant `request` the first `blocks` blocks of its scope `scope`."""
+def granted(policies: Policies, request: Request, owner: str, scope: str, blocks: int, now: Any = None) -> bool:
+    """True when `owner`'s `share` rules grant `request` the first `blocks` blocks of its scope `scope`.
+
+    `now`: the time the rules see (default: the clock; a replay passes the recorded time).
+    """
     view = Candidate(tokens=blocks * request.layout.page_size, blocks=blocks, owner=owner, scope=scope,
                      shared=True, kind=request.layout.kind)  # fmt: skip
-    return policies.for_tenant(owner).evaluate("share", {"request": request, "match": view}).allowed
+    values = {"request": request, "match": view} if now is None else {"request": request, "match": view, "now": now}
+    return policies.for_tenant(owner).evaluate("share", values).allowed
 
 
 def authorise(policies: Policies | None, request: Request, namespace: Namespace, blocks: int) -> str:
