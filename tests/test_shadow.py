@@ -12,7 +12,7 @@ import pytest
 from nexuskv import Kernel, KernelConfig, PlanAction
 from nexuskv.policy.loader import Policies, PolicyError
 from nexuskv.replay import Outcome
-from nexuskv.shadow import SETTINGS, Disagreements, Shadow, impact
+from nexuskv.shadow import SETTINGS, Disagreements, RuleDiff, Shadow, impact
 from tests.conftest import SECRET, make_request
 
 ROOT = Path(__file__).resolve().parents[1] / "policies"
@@ -169,3 +169,19 @@ def test_impact_replays_a_recorded_log(dirs, tmp_path):
     same, skipped = impact(records, Policies.load(old), Policies.load(old))
     assert same.disagreed == 0 and "differs_from_record" not in skipped
     assert {p.action for p in with_inputs} >= {PlanAction.MATERIALIZE}
+
+
+def test_a_rule_edited_in_place_is_blamed_and_unreplayable_kinds_are_named(dirs, tmp_path):
+    old, new = dirs
+    edited = shutil.copytree(new, tmp_path / "edited")
+    chat = edited / "tenants" / "chat.toml"
+    chat.write_text(chat.read_text().replace('max_tokens = "512"', 'max_tokens = "256"')
+                    .replace('priority = 1000.0', 'priority = 10.0'))  # fmt: skip
+    log = tmp_path / "d.jsonl"
+    with kernel(new, tmp_path, decision_file=str(log), decision_inputs=("*",)) as k:
+        plans = [k.plan(r) for r in requests(k)]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    report, _ = impact(records, Policies.load(new), Policies.load(edited))
+    capped = sum(1 for p in plans if p.tenant == "chat" and p.tokens_reused == 512)
+    assert capped >= 3 and report.disagreed == capped and report.by_rule == {"cap-512": capped}
+    assert RuleDiff(Policies.load(new), Policies.load(edited)).not_replayed() == ["place chat/system-prompt-pinned"]

@@ -17,7 +17,7 @@ import click
 
 from nexuskv.policy.bundle import BundleError, PolicyBundle
 from nexuskv.policy.loader import Policies, PolicyError
-from nexuskv.shadow import ShadowReport, impact
+from nexuskv.shadow import RuleDiff, ShadowReport, impact
 
 __all__ = ["add_impact_commands", "render_report"]
 
@@ -90,10 +90,14 @@ def add_impact_commands(group: click.Group, functions: Callable[[], Mapping[str,
         fns = functions()
         before, after = _load(old, fns), _load(new, fns)
         report, skipped = impact(_records(log_file), before, after, max_examples=examples)
+        unseen = RuleDiff(before, after).not_replayed()
         if as_json:
-            click.echo(json.dumps({**report.to_dict(), "skipped": skipped}, indent=2))
+            click.echo(json.dumps({**report.to_dict(), "skipped": skipped, "not_replayed": unseen}, indent=2))
         else:
             click.echo(render_report(report, skipped))
+            if unseen:
+                click.echo(f"not replayed ({len(unseen)}): decisions are plans; these admit, place and route "
+                           "rules differ and their effect is not shown: " + ", ".join(unseen))  # fmt: skip
         if not report.compared:
             click.echo("no decision with inputs to replay (set decision_file and decision_inputs in the kernel "
                        "config)", err=True)  # fmt: skip

@@ -23,7 +23,7 @@ from nexuskv.logs import get_logger
 from nexuskv.policy.loader import Policies
 from nexuskv.replay import DecisionInputs, Outcome, Replayer
 
-__all__ = ["Disagreements", "Shadow", "ShadowReport", "impact"]
+__all__ = ["Disagreements", "RuleDiff", "Shadow", "ShadowReport", "impact"]
 
 log = get_logger(__name__)
 
@@ -69,11 +69,15 @@ class Disagreements:
     examples: list[dict[str, Any]] = field(factory=list)
     _lock: threading.Lock = field(factory=threading.Lock, repr=False)
 
-    def add(self, decision_id: str, tenant: str, old: Outcome, new: Outcome, incomplete: bool = False
-            ) -> list[str]:  # fmt: skip
-        """Count one decision; returns what changed (empty when the two agree)."""
+    def add(self, decision_id: str, tenant: str, old: Outcome, new: Outcome, incomplete: bool = False,
+            edited: frozenset[str] = frozenset()) -> list[str]:  # fmt: skip
+        """Count one decision; returns what changed (empty when the two agree).
+
+        The rules blamed: those that decided under one revision only, and those that decided under either and
+        are defined differently in the two (`edited`: a rule edited in place decides under both).
+        """
         changes = old.changes(new)
-        rules = sorted(set(old.rules) ^ set(new.rules)) or [SETTINGS]
+        rules = _blamed(old, new, edited)
         with self._lock:
             self.compared += 1
             self.incomplete += incomplete
@@ -103,6 +107,62 @@ class Disagreements:
                                 self.failed)  # fmt: skip
 
 
+def _blamed(old: Outcome, new: Outcome, edited: frozenset[str]) -> list[str]:
+    either = set(old.rules) | set(new.rules)
+    return sorted((set(old.rules) ^ set(new.rules)) | (either & edited)) or [SETTINGS]
+
+
+def _fingerprint(rule: Any) -> tuple[Any, ...]:
+    """What defines a compiled rule's behaviour (not where it is written)."""
+    src = [getattr(rule, f) for f in ("when", "message_fn", "max_tokens", "tier_fn", "ttl_fn", "priority_fn",
+                                      "weight_fn")]  # fmt: skip
+    return (rule.effect, rule.failure, rule.message, tuple(m.source for m in rule.match),
+            tuple(c.source if c is not None else None for c in src), rule.tier, rule.ttl_s, rule.priority,
+            rule.scope, rule.tenants, rule.weight)  # fmt: skip
+
+
+class RuleDiff:
+    """Which rules two revisions define differently, per tenant (cached: asked once per decision)."""
+
+    def __init__(self, old: Policies | None, new: Policies) -> None:
+        self.old, self.new = old, new
+        self._edited: dict[str, frozenset[str]] = {}
+        self._lock = threading.Lock()
+
+    def _rules(self, policies: Policies | None, tenant: str, kinds: Iterable[str]) -> dict[tuple[str, str], Any]:
+        if policies is None:
+            return {}
+        try:
+            ps = policies.for_tenant(tenant)
+        except Exception:
+            return {}
+        return {(k, r.name): _fingerprint(r) for k in kinds for r in ps.rules.get(k, ())}
+
+    def edited(self, tenant: str) -> frozenset[str]:
+        """Names of `tenant`'s reuse rules (and share rules) added, removed or changed between the revisions."""
+        with self._lock:
+            got = self._edited.get(tenant)
+        if got is None:
+            a = self._rules(self.old, tenant, ("reuse", "share"))
+            b = self._rules(self.new, tenant, ("reuse", "share"))
+            got = frozenset(name for (kind, name) in a.keys() | b.keys() if a.get((kind, name)) != b.get((kind, name)))
+            with self._lock:
+                self._edited[tenant] = got
+        return got
+
+    def not_replayed(self) -> list[str]:
+        """`kind tenant/rule` of every admit, place and route rule that differs: plans replayed cannot show those."""
+        if self.old is None:
+            return []
+        out = []
+        for tenant in sorted(set(self.old.sets) | set(self.new.sets)):
+            a = self._rules(self.old, tenant, ("admit", "place", "route")) if tenant in self.old.sets else {}
+            b = self._rules(self.new, tenant, ("admit", "place", "route")) if tenant in self.new.sets else {}
+            out.extend(f"{kind} {tenant}/{name}" for (kind, name) in sorted(a.keys() | b.keys())
+                       if a.get((kind, name)) != b.get((kind, name)))  # fmt: skip
+        return out
+
+
 class Shadow:
     """A candidate revision evaluated beside the live one, on a thread of its own."""
 
@@ -116,6 +176,7 @@ class Shadow:
         self.dropped = 0
         self._baselines: set[str] = set()
         self._logged_rules: set[str] = set()
+        self._diffs: dict[int, RuleDiff] = {}  # per live revision (a reload may swap it while shadowing)
         self._queue: queue.Queue[tuple[DecisionInputs, Policies | None, str] | None] = queue.Queue(max_queued)
         self._idle = threading.Condition()
         self._busy = 0
@@ -157,9 +218,13 @@ class Shadow:
                 self._baselines.add(live.revision)
         old = Outcome.of(before, self.replayer.tier_order)
         new = Outcome.of(after, self.replayer.tier_order)
-        changes = self.counts.add(decision_id, tenant, old, new, incomplete=bool(missing))
+        diff = self._diffs.get(id(live))
+        if diff is None or diff.old is not live:
+            diff = self._diffs[id(live)] = RuleDiff(live, self.candidate)
+        edited = diff.edited(tenant)
+        changes = self.counts.add(decision_id, tenant, old, new, incomplete=bool(missing), edited=edited)
         if changes:
-            rules = sorted(set(old.rules) ^ set(new.rules)) or [SETTINGS]
+            rules = _blamed(old, new, edited)
             first = not self._logged_rules.issuperset(rules)
             if first or self.counts.disagreed % self.log_every == 0:
                 self._logged_rules.update(rules)
@@ -204,6 +269,7 @@ def impact(records: Iterable[Mapping[str, Any]], old: Policies, new: Policies, *
     counts = Disagreements(max_examples)
     skipped: collections.Counter[str] = collections.Counter()
     replayer: Replayer | None = None
+    diff = RuleDiff(old, new)
     for rec in records:
         kind = rec.get("record")
         if kind == "context":
@@ -231,7 +297,8 @@ def impact(records: Iterable[Mapping[str, Any]], old: Policies, new: Policies, *
             continue
         if (before.action.value, before.tokens_reused) != (rec.get("action"), rec.get("tokens_reused")):
             skipped["differs_from_record"] += 1
-        counts.add(str(rec.get("decision_id", "")), str(rec.get("tenant", "")),
-                   Outcome.of(before, replayer.tier_order), Outcome.of(after, replayer.tier_order),
-                   incomplete=bool(missing))  # fmt: skip
+        tenant = str(rec.get("tenant", ""))
+        old_outcome, new_outcome = Outcome.of(before, replayer.tier_order), Outcome.of(after, replayer.tier_order)
+        counts.add(str(rec.get("decision_id", "")), tenant, old_outcome, new_outcome, incomplete=bool(missing),
+                   edited=diff.edited(tenant))  # fmt: skip
     return counts.report(old.revision, new.revision), dict(skipped)
