@@ -51,9 +51,11 @@ def test_diff_without_inputs_and_with_a_broken_log(dirs, tmp_path):
     assert got.exit_code == 0 and f"skipped: {len(plans)} without inputs" in got.output
     assert "no decision with inputs to replay" in got.output
     with open(log, "a") as f:
-        f.write("{not json\n")
+        f.write('{"record": "context", "planner": null}\n{"record": "decision", "fallback": false, "inputs": {}}\n')
+        f.write("{torn li")  # a crash mid-write
     bad = CliRunner().invoke(cli, ["policy", "diff", str(old), str(new), "--decisions", str(log)])
-    assert bad.exit_code == 1 and f"decisions.jsonl:{len(plans) + 2}: not a JSON line" in bad.output
+    assert bad.exit_code == 0 and f"decisions.jsonl:{len(plans) + 4}: not a JSON line" in bad.output
+    assert "1 unreadable lines" in bad.output and "1 without a usable context line" in bad.output
     (new / "default.toml").write_text('name = "default"\nmin_gain_ms = @\n')
     broken = CliRunner().invoke(cli, ["policy", "diff", str(old), str(new), "--decisions", str(log)])
     assert broken.exit_code == 1 and "default.toml:2:15: TOML syntax error" in broken.output

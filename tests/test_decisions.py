@@ -142,3 +142,22 @@ def test_a_failing_decision_file_is_counted_and_never_stops_decisions(tmp_path):
         log.record(plan(i), time.perf_counter())
     log.close()
     assert log.file_errors == 3 and log.decisions == 3
+
+
+def test_close_with_a_full_queue_and_a_stuck_observer_returns_and_leaves_the_file_to_the_thread(tmp_path):
+    gate = threading.Event()
+    pm, seen = observed(gate)
+    log = DecisionLog(pm, max_queued=2, file=tmp_path / "d.jsonl")
+    for i in range(6):  # two queued, one perhaps taken by the (stuck) observer, the rest dropped
+        log.record(plan(i), time.perf_counter())
+    t0 = time.monotonic()
+    log.close(timeout=0.3)
+    assert time.monotonic() - t0 < 5 and not log._file.closed  # the thread may still write: not closed under it
+    gate.set()
+    end = time.monotonic() + 5
+    while len(seen) + log.observer_drops < 6 and time.monotonic() < end:
+        time.sleep(0.01)
+    log._thread.join(5)
+    assert not log._thread.is_alive() and log.observer_drops in (3, 4) and len(seen) + log.observer_drops == 6
+    lines = (tmp_path / "d.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + len(seen) and log.file_errors == 0  # the context line, then every record not dropped

@@ -37,6 +37,8 @@ def test_json_round_trip_checks_the_revision():
     ('{"format": "other"}', "not a policy bundle"),
     ('{"format": "nexuskv-policy-bundle/1", "files": {"a.toml": 1}, "revision": "x"}', "map relative paths"),
     ('{"format": "nexuskv-policy-bundle/1", "files": {}, "revision": ""}', "no revision"),
+    ('{"format": "nexuskv-policy-bundle/1", "files": {}, "revision": "x", "created_at": "yesterday"}',
+     "must be a number"),
 ])  # fmt: skip
 def test_malformed_bundles_are_refused(text, message):
     with pytest.raises(BundleError, match=message):

@@ -627,3 +627,22 @@ def test_weights_belong_to_weight_rules_and_are_finite(tmp_path):
     text = '[[route]]\nname = "y"\neffect = "weight"\nwhen = "true"\nweight = inf\n'
     p = one(tmp_path / "inf", {"default.toml": text})
     assert p.rule == "y" and p.message == "weight must be finite"
+
+
+def test_remembered_expressions_are_keyed_by_every_refinement_of_a_plugin_function(tmp_path):
+    from nexuskv.policy import compiler
+    from nexuskv.policy.types import STRING, FunctionDecl, list_of
+
+    files = {"default.toml": 'name = "default"\n[[admit]]\nname = "r"\nwhen = \'labels().exists(x, x == "a")\'\n'}
+    root = write(tmp_path, files)
+
+    def impl():
+        return ["a"]
+
+    bounded = {"labels": FunctionDecl("labels", (), list_of(STRING, max_size=10), impl)}
+    unbounded = {"labels": FunctionDecl("labels", (), list_of(STRING), impl)}
+    assert bounded["labels"] == unbounded["labels"]  # equal declarations, but not the same cost
+    compiler._CACHE.clear()
+    assert Policies.check(root, bounded) == []
+    (p,) = Policies.check(root, unbounded)  # not the bounded one's compiled expression from the cache
+    assert "exceeds the limit" in p.message and p.rule == "r"

@@ -185,3 +185,12 @@ def test_a_rule_edited_in_place_is_blamed_and_unreplayable_kinds_are_named(dirs,
     capped = sum(1 for p in plans if p.tenant == "chat" and p.tokens_reused == 512)
     assert capped >= 3 and report.disagreed == capped and report.by_rule == {"cap-512": capped}
     assert RuleDiff(Policies.load(new), Policies.load(edited)).not_replayed() == ["place chat/system-prompt-pinned"]
+
+
+def test_offers_after_close_are_dropped_and_close_never_raises(dirs):
+    old, new = dirs
+    shadow = Shadow(Policies.load(new), object(), max_queued=1)
+    shadow.close()
+    shadow.offer(object(), None, "late")
+    shadow.close()  # twice: still fine
+    assert shadow.report().dropped == 1 and shadow.drain(1)

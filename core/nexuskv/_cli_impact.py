@@ -41,9 +41,12 @@ def _records(path: str) -> Iterator[dict[str, Any]]:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise click.ClickException(f"{path}:{n}: not a JSON line ({exc.msg})") from None
+            except json.JSONDecodeError as exc:  # a torn line (a crash mid-write): skipped, counted, named
+                click.echo(f"warning: {path}:{n}: not a JSON line ({exc.msg}); skipped", err=True)
+                yield {"record": "unreadable", "line": n}
+                continue
             if isinstance(rec, dict):
+                rec.setdefault("line", n)
                 yield rec
 
 

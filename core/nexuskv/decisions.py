@@ -62,6 +62,7 @@ class DecisionLog:
         self.observer_drops = 0
         self._observers = bool(plugins.pm.hook.nexuskv_observe_decision.get_hookimpls())  # fallbacks go to them too
         self._queue: queue.Queue[tuple[bool, dict[str, Any], DecisionInputs | None] | None] = queue.Queue(max_queued)
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._observe, name="nexuskv-observers", daemon=True)
         self._thread.start()
 
@@ -110,7 +111,12 @@ class DecisionLog:
 
     def _observe(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return  # closing, and everything queued is done
+                continue
             if item is None:
                 return
             render, record, inputs = item
@@ -134,12 +140,18 @@ class DecisionLog:
                 log.error("decision file write failed", error=f"{type(exc).__name__}: {exc}")
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the observer thread (records still queued are dropped) and the shadow; close the decision file."""
+        """Stop the observer thread (after the records queued, within `timeout`) and the shadow; close the file.
+
+        Never raises. The file is closed only once the thread has stopped (an observer stuck past the timeout
+        keeps it open rather than have the thread write to a closed file).
+        """
+        self._stop.set()
         with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(None)
+            self._queue.put(None, timeout=timeout)  # waits for room while the thread drains
         self._thread.join(timeout)
-        if self.shadow is not None:
-            self.shadow.close()
-        if self._file is not None:
+        shadow, self.shadow = self.shadow, None
+        if shadow is not None:
+            shadow.close()
+        if self._file is not None and not self._thread.is_alive():
             with contextlib.suppress(OSError):
                 self._file.close()

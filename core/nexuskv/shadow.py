@@ -180,12 +180,16 @@ class Shadow:
         self._queue: queue.Queue[tuple[DecisionInputs, Policies | None, str] | None] = queue.Queue(max_queued)
         self._idle = threading.Condition()
         self._busy = 0
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="nexuskv-shadow", daemon=True)
         self._thread.start()
 
     def offer(self, inputs: DecisionInputs, live: Policies | None, decision_id: str) -> None:
-        """Queue one plan's inputs (never blocks: dropped and counted when the shadow thread is behind)."""
+        """Queue one plan's inputs (never blocks: dropped and counted when the shadow thread is behind, or closed)."""
         with self._idle:
+            if self._closed:
+                self.dropped += 1
+                return
             self._busy += 1
         try:
             self._queue.put_nowait((inputs, live, decision_id))
@@ -244,16 +248,22 @@ class Shadow:
         return self.counts.report(baselines, self.candidate.revision, self.dropped)
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the shadow thread (inputs still queued are not compared)."""
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:
-            while True:  # make room for the stop marker: what is dropped here was never going to be compared
+        """Stop the shadow thread (inputs still queued are not compared); never raises."""
+        with self._idle:
+            self._closed = True  # no offer gets in after this
+        while True:
+            try:
+                self._queue.put_nowait(None)
+                break
+            except queue.Full:  # make room for the stop marker: what is dropped was never going to be compared
                 try:
                     self._queue.get_nowait()
                 except queue.Empty:
-                    break
-            self._queue.put_nowait(None)
+                    continue
+                with self._idle:
+                    self._busy -= 1
+                    self.dropped += 1
+                    self._idle.notify_all()
         self._thread.join(timeout)
 
 
@@ -273,7 +283,15 @@ def impact(records: Iterable[Mapping[str, Any]], old: Policies, new: Policies, *
     for rec in records:
         kind = rec.get("record")
         if kind == "context":
-            replayer = Replayer.from_json(rec["planner"])
+            try:
+                replayer = Replayer.from_json(rec["planner"])
+            except Exception as exc:  # decisions after it cannot be priced as they were: skipped, counted
+                replayer = None
+                log.warning("unusable context line in the decision file", line=rec.get("line"),
+                            error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            continue
+        if kind == "unreadable":
+            skipped["unreadable lines"] += 1
             continue
         if kind != "decision":
             continue
@@ -284,7 +302,7 @@ def impact(records: Iterable[Mapping[str, Any]], old: Policies, new: Policies, *
             skipped["without inputs"] += 1
             continue
         if replayer is None:
-            skipped["before any context line"] += 1
+            skipped["without a usable context line"] += 1
             continue
         try:
             inputs = DecisionInputs.from_json(rec["inputs"])

@@ -99,7 +99,10 @@ class PolicyBundle:
             raise BundleError("bundle `files` must map relative paths to texts")
         if not isinstance(revision, str) or not revision:
             raise BundleError("bundle has no revision")
-        return cls(files, revision, float(data.get("created_at") or 0.0), str(data.get("note") or ""))
+        created, note = data.get("created_at") or 0.0, data.get("note") or ""
+        if isinstance(created, bool) or not isinstance(created, int | float) or not isinstance(note, str):
+            raise BundleError("bundle `created_at` must be a number and `note` a string")
+        return cls(files, revision, float(created), note)
 
     def write_to(self, root: str | os.PathLike[str]) -> Path:
         """Write the files under `root` (a directory `nexuskv policy check` / `test` can read); returns it."""

@@ -119,7 +119,8 @@ def _compile_cached(expr: str, env: Env, expect: CelType | None, cost_limit: int
     load), and raised again as the same error.
     """
     key = (expr, tuple(sorted((k, _type_key(t)) for k, t in env.variables.items())),
-           tuple(sorted(((k, d, d.impl) for k, d in env.functions.items()), key=lambda x: x[0])),
+           tuple(sorted(((k, d, d.impl, tuple(map(_type_key, d.args)), _type_key(d.result))
+                         for k, d in env.functions.items()), key=lambda x: x[0])),
            None if expect is None else _type_key(expect), cost_limit)  # fmt: skip
     with _CACHE_LOCK:
         got = _CACHE.get(key)

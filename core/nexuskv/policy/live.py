@@ -5,7 +5,7 @@ one object throughout, so a plan sees exactly one revision. `reload()` (the poli
 (a fleet rollout) parse, type-check and compile a new revision on the caller's thread, off the hot path, then
 swap it in with one assignment. A revision with any problem is refused whole: every problem is logged with
 file, rule, line and column, and the running revision keeps serving. `watch()` reloads when the directory
-changes (watchfiles, debounced: an editor's save or a `git pull` is one reload, not one per file).
+changes (watchfiles: a reload once the directory is quiet, so a `git pull` is one reload, not one per file).
 """
 
 from __future__ import annotations
@@ -152,7 +152,13 @@ class LivePolicies:
     # ------------------------------------------------------------------------------------------ watching
 
     def watch(self, debounce_ms: int = 300) -> None:
-        """Reload whenever the policy directory changes, from a background thread (until `close`)."""
+        """Reload whenever the policy directory changes, from a background thread (until `close`).
+
+        A reload starts once the directory has been quiet for `debounce_ms` (changes closer together than that,
+        a `git pull`, an editor saving several files, are one reload; at most 10x that long is grouped). Watch
+        the directory itself: a deploy that swaps a symlink or replaces the directory is not seen (call
+        `reload` then, or roll out bundles, the atomic way to change several files).
+        """
         if self.root is None:
             raise ValueError("no policy directory to watch (the kernel config has no `policies`)")
         if self._watcher is not None:
@@ -165,7 +171,8 @@ class LivePolicies:
 
         def run() -> None:
             # `watch` yields batches of changes debounced over `debounce_ms`; stop_event ends it within a step.
-            for _changes in watchfiles.watch(root, stop_event=self._stop, debounce=debounce_ms, step=50,
+            # watchfiles yields once nothing changed for `step` ms, or after `debounce` ms of changes at the most
+            for _changes in watchfiles.watch(root, stop_event=self._stop, debounce=10 * debounce_ms, step=debounce_ms,
                                              watch_filter=_is_policy_file, raise_interrupt=False):  # fmt: skip
                 if self._stop.is_set():
                     return
