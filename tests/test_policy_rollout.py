@@ -390,3 +390,19 @@ def test_rollback_with_nothing_before(run, dirs):
     assert run("publish", str(v1), "--to", str(shared)).exit_code == 0
     res = run("rollback", "--to", str(shared))
     assert res.exit_code == 1 and "no revision before" in res.stderr
+
+
+def test_rollout_status_wait_is_a_deploy_gate(run, dirs):
+    v1, v2, _, shared = dirs
+    ch = DirectoryChannel(shared, create=True)
+    assert run("publish", str(v1), "--to", str(shared)).exit_code == 0
+    nodes = [Rollout(LivePolicies(v1), ch, f"n{i}") for i in range(2)]
+    for n in nodes:
+        n.poll_once()
+    assert run("publish", str(v2), "--to", str(shared)).exit_code == 0
+    res = run("rollout-status", "--to", str(shared), "--wait", "0.3")  # nobody has polled since: not done
+    assert res.exit_code == 2 and "2 not reported on it yet (n0, n1)" in res.stdout
+    threading.Timer(0.3, lambda: [n.poll_once() for n in nodes]).start()
+    res = run("rollout-status", "--to", str(shared), "--wait", "10")
+    last = res.stdout.splitlines()[-1]
+    assert res.exit_code == 0 and last == "2/2 nodes serve the current revision; 0 failed to load it"

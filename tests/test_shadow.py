@@ -172,7 +172,7 @@ def test_impact_replays_a_recorded_log(dirs, tmp_path):
 
 
 def test_a_rule_edited_in_place_is_blamed_and_unreplayable_kinds_are_named(dirs, tmp_path):
-    old, new = dirs
+    _old, new = dirs
     edited = shutil.copytree(new, tmp_path / "edited")
     chat = edited / "tenants" / "chat.toml"
     chat.write_text(chat.read_text().replace('max_tokens = "512"', 'max_tokens = "256"')
@@ -188,7 +188,7 @@ def test_a_rule_edited_in_place_is_blamed_and_unreplayable_kinds_are_named(dirs,
 
 
 def test_offers_after_close_are_dropped_and_close_never_raises(dirs):
-    old, new = dirs
+    _old, new = dirs
     shadow = Shadow(Policies.load(new), object(), max_queued=1)
     shadow.close()
     shadow.offer(object(), None, "late")

@@ -119,15 +119,25 @@ def add_rollout_commands(group: click.Group, functions: Callable[[], dict[str, A
     @group.command("rollout-status")
     @_channel_options
     @click.option("--json", "as_json", is_flag=True, help="Print JSON: the current revision and every report.")
-    def policy_rollout_status(to: str | None, etcd: str | None, prefix: str, as_json: bool) -> None:
+    @click.option("--wait", "wait_s", type=float, default=0.0, metavar="SECONDS",
+                  help="Wait up to SECONDS for every reporting node to report on the current revision; exit 2 if "
+                       "some have not by then (a deploy pipeline's gate).")  # fmt: skip
+    def policy_rollout_status(to: str | None, etcd: str | None, prefix: str, as_json: bool, wait_s: float) -> None:
         """The current revision and, per node, what it serves; exit 1 if a node failed to load the current one."""
+        end = time.monotonic() + wait_s
         with _channel(to, etcd, prefix) as channel:
-            current = channel.current()
-            history = channel.history()
-            reports = channel.reports()
+            while True:
+                current = channel.current()
+                history = channel.history()
+                reports = channel.reports()
+                pending = sorted(n for n, r in reports.items() if r.get("wanted") != current)
+                if not pending or time.monotonic() >= end:
+                    break
+                time.sleep(min(0.2, max(0.0, end - time.monotonic())))
         failed = sorted(n for n, r in reports.items() if r.get("status") == "failed" and r.get("wanted") == current)
         if as_json:
-            click.echo(json.dumps({"current": current, "nodes": reports, "failed": failed}, indent=2, sort_keys=True))
+            out = {"current": current, "nodes": reports, "failed": failed, "pending": pending}
+            click.echo(json.dumps(out, indent=2, sort_keys=True))
         else:
             last = next((h for h in reversed(history) if h[0] == current), None)
             when = f", published {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(last[1]))}" if last else ""
@@ -142,9 +152,12 @@ def add_rollout_commands(group: click.Group, functions: Callable[[], dict[str, A
                 for p in [*r.get("problems", []), *([r["error"]] if r.get("error") else [])]:
                     click.echo(f"    {p}")
             on = sum(r.get("serving") == current for r in reports.values())
-            click.echo(f"{on}/{len(reports)} nodes serve the current revision; {len(failed)} failed to load it")
+            click.echo(f"{on}/{len(reports)} nodes serve the current revision; {len(failed)} failed to load it"
+                       + (f"; {len(pending)} not reported on it yet ({', '.join(pending)})" if pending else ""))
         if failed:
             sys.exit(1)
+        if pending and wait_s:
+            sys.exit(2)
 
     @group.command("rollback")
     @click.argument("revision", required=False)
