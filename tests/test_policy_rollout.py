@@ -406,3 +406,6 @@ def test_rollout_status_wait_is_a_deploy_gate(run, dirs):
     res = run("rollout-status", "--to", str(shared), "--wait", "10")
     last = res.stdout.splitlines()[-1]
     assert res.exit_code == 0 and last == "2/2 nodes serve the current revision; 0 failed to load it"
+    ch.report("dead", {"node": "dead", "serving": "x", "wanted": "x", "status": "applied", "at": time.time() - 3600})
+    assert run("rollout-status", "--to", str(shared), "--wait", "0.2").exit_code == 2  # it will never report
+    assert run("rollout-status", "--to", str(shared), "--wait", "5", "--stale", "60").exit_code == 0

@@ -194,3 +194,26 @@ def test_offers_after_close_are_dropped_and_close_never_raises(dirs):
     shadow.offer(object(), None, "late")
     shadow.close()  # twice: still fine
     assert shadow.report().dropped == 1 and shadow.drain(1)
+
+
+def test_rule_diff_sees_variables_share_owners_and_settings(tmp_path):
+    def policies(cap: str, tier: str, share_when: str) -> Policies:
+        root = tmp_path / f"{cap}-{tier}-{len(share_when)}"
+        (root / "tenants").mkdir(parents=True)
+        (root / "default.toml").write_text(
+            f'name = "default"\ndefault_tier = "{tier}"\n[variables]\ncap = "{cap}"\n'
+            '[[reuse]]\nname = "cap-by-variable"\nwhen = "match.tokens > 100"\nmax_tokens = "variables.cap"\n')
+        (root / "tenants" / "rag.toml").write_text(
+            f'name = "rag"\n[[share]]\nname = "docs-out"\nscope = "docs"\ntenants = ["chat"]\n'
+            f"when = '{share_when}'\n")
+        return Policies.load(root)
+
+    old = policies("256", "dram", "true")
+    diff = RuleDiff(old, policies("128", "dram", "true"))
+    assert diff.edited("chat") == {"cap-by-variable"}  # the rule reads a variable that changed
+    capped = Outcome("materialize", 256, "dram", ("cap-by-variable",))
+    assert diff.blame("chat", capped, Outcome("materialize", 128, "dram", ("cap-by-variable",))) == ["cap-by-variable"]
+    revoked = RuleDiff(old, policies("256", "disk", 'request.tenant == "nobody"'))
+    shared = Outcome("materialize", 256, "dram", (), "rag/docs")
+    assert revoked.blame("chat", shared, Outcome("recompute", 0, "", ())) == ["share rag/docs-out"]
+    assert revoked.not_replayed() == ["setting default/default_tier", "setting rag/default_tier"]

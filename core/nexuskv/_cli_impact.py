@@ -88,7 +88,8 @@ def add_impact_commands(group: click.Group, functions: Callable[[], Mapping[str,
     def policy_diff(old: str, new: str, log_file: str, as_json: bool, examples: int) -> None:
         """Replay recorded decisions through OLD and NEW (policy directories or bundle files); print what changes.
 
-        Exit 0 when nothing changes, 1 when some decisions change (a CI gate can require a reviewed diff).
+        Exit 0 when nothing changes, 1 when some decisions change or admit / place / route rules (which recorded
+        plans cannot show) differ: a CI gate can require a reviewed diff.
         """
         fns = functions()
         before, after = _load(old, fns), _load(new, fns)
@@ -104,4 +105,4 @@ def add_impact_commands(group: click.Group, functions: Callable[[], Mapping[str,
         if not report.compared:
             click.echo("no decision with inputs to replay (set decision_file and decision_inputs in the kernel "
                        "config)", err=True)  # fmt: skip
-        sys.exit(1 if report.disagreed else 0)
+        sys.exit(1 if report.disagreed or unseen else 0)

@@ -122,7 +122,11 @@ def add_rollout_commands(group: click.Group, functions: Callable[[], dict[str, A
     @click.option("--wait", "wait_s", type=float, default=0.0, metavar="SECONDS",
                   help="Wait up to SECONDS for every reporting node to report on the current revision; exit 2 if "
                        "some have not by then (a deploy pipeline's gate).")  # fmt: skip
-    def policy_rollout_status(to: str | None, etcd: str | None, prefix: str, as_json: bool, wait_s: float) -> None:
+    @click.option("--stale", "stale_s", type=float, default=None, metavar="SECONDS",
+                  help="With --wait: do not wait for nodes whose last report is older than SECONDS (a node that "
+                       "died keeps its last report).")  # fmt: skip
+    def policy_rollout_status(to: str | None, etcd: str | None, prefix: str, as_json: bool, wait_s: float,
+                              stale_s: float | None) -> None:  # fmt: skip
         """The current revision and, per node, what it serves; exit 1 if a node failed to load the current one."""
         end = time.monotonic() + wait_s
         with _channel(to, etcd, prefix) as channel:
@@ -130,7 +134,9 @@ def add_rollout_commands(group: click.Group, functions: Callable[[], dict[str, A
                 current = channel.current()
                 history = channel.history()
                 reports = channel.reports()
-                pending = sorted(n for n, r in reports.items() if r.get("wanted") != current)
+                fresh = {n: r for n, r in reports.items()
+                         if stale_s is None or time.time() - float(r.get("at") or 0) <= stale_s}  # fmt: skip
+                pending = sorted(n for n, r in fresh.items() if r.get("wanted") != current)
                 if not pending or time.monotonic() >= end:
                     break
                 time.sleep(min(0.2, max(0.0, end - time.monotonic())))

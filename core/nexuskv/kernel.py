@@ -178,7 +178,8 @@ class Kernel:
 
         The new revision is parsed, type-checked and compiled on the calling thread (not on any plan's); plans
         already running finish on the revision they started with. Problems are logged with file, rule, line and
-        column and returned in the result. Raises `ValueError` when the config names no policy directory.
+        column and returned in the result. Raises `ValueError` when the config names no policy directory, or
+        when this node follows a fleet rollout (publish a bundle instead).
         """
         return self.policy_ops.reload()
 

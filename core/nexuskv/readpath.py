@@ -141,9 +141,11 @@ class ReadPath:
             self._propose_prefetch(request, keys, plan)
         inputs = None
         if recorder is not None:  # the objects as they are: rendered (and replayed) off the hot path
+            recorder.complete()
             inputs = DecisionInputs(request, match, args["node"], args["epoch"], args["inflight"],  # type: ignore[arg-type]
-                                    args["bandwidth_scale"], args["prefetch_target"], frozenset(recorder.denied),  # type: ignore[arg-type]
-                                    recorder.links, shared or {}, at=args["now"])  # type: ignore[arg-type]  # fmt: skip
+                                    dict(args["bandwidth_scale"]), args["prefetch_target"],  # type: ignore[call-overload]
+                                    frozenset(recorder.denied), recorder.links, shared or {},
+                                    at=args["now"])  # type: ignore[arg-type]  # fmt: skip
         self.decisions.record(plan, t0, inputs=inputs, policies=policies if capture else None)
         return plan
 

@@ -153,18 +153,36 @@ class Recorder:
 
     `planner(p)` is a copy of planner `p` that reads through the recorder; a plan made with it is the plan `p`
     makes, and `denied` / `links` are then exactly the paths it could not use and the estimates it priced by.
+    Each breaker is asked once per plan (a half-open breaker grants its one trial to the first ask: later asks in
+    the same plan get the same answer). `complete()` then adds what the plan did not read, for a replay under
+    another revision that reads more: every other link estimate in use, and every other open breaker.
     """
 
     def __init__(self, health: Any, links: Any) -> None:
         self._health, self._links = health, links
+        self._asked: dict[str, bool] = {}
         self.denied: set[str] = set()
         self.links: dict[str, tuple[float, float]] = {}
 
     def allow(self, name: str) -> bool:
-        ok: bool = self._health.allow(name)
-        if not ok:
-            self.denied.add(name)
+        ok = self._asked.get(name)
+        if ok is None:
+            ok = self._asked[name] = bool(self._health.allow(name))
+            if not ok:
+                self.denied.add(name)
         return ok
+
+    def complete(self) -> None:
+        """Add the links and breakers this plan did not read (read without side effects: no breaker trial)."""
+        for name, b in self._health.snapshot().items():
+            if name not in self._asked and b["state"] != "closed":
+                self.denied.add(name)
+        if self._links is not None:
+            for name in self._links.snapshot():
+                if name not in self.links:
+                    est = self._links.get(name)
+                    if est is not None:
+                        self.links[name] = (est.latency_ms, est.bandwidth_bytes_per_s)
 
     def get(self, name: str) -> LinkEstimate | None:
         est: LinkEstimate | None = self._links.get(name) if self._links is not None else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import queue
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -70,14 +71,13 @@ class Disagreements:
     _lock: threading.Lock = field(factory=threading.Lock, repr=False)
 
     def add(self, decision_id: str, tenant: str, old: Outcome, new: Outcome, incomplete: bool = False,
-            edited: frozenset[str] = frozenset()) -> list[str]:  # fmt: skip
+            blamed: list[str] | None = None) -> list[str]:  # fmt: skip
         """Count one decision; returns what changed (empty when the two agree).
 
-        The rules blamed: those that decided under one revision only, and those that decided under either and
-        are defined differently in the two (`edited`: a rule edited in place decides under both).
+        `blamed`: the rules responsible (`RuleDiff.blame`); by default those that decided under one revision only.
         """
         changes = old.changes(new)
-        rules = _blamed(old, new, edited)
+        rules = blamed if blamed is not None else sorted(set(old.rules) ^ set(new.rules)) or [SETTINGS]
         with self._lock:
             self.compared += 1
             self.incomplete += incomplete
@@ -107,18 +107,27 @@ class Disagreements:
                                 self.failed)  # fmt: skip
 
 
-def _blamed(old: Outcome, new: Outcome, edited: frozenset[str]) -> list[str]:
-    either = set(old.rules) | set(new.rules)
-    return sorted((set(old.rules) ^ set(new.rules)) | (either & edited)) or [SETTINGS]
+_VAR = re.compile(r"\bvariables\.([A-Za-z_]\w*)")
 
 
-def _fingerprint(rule: Any) -> tuple[Any, ...]:
-    """What defines a compiled rule's behaviour (not where it is written)."""
-    src = [getattr(rule, f) for f in ("when", "message_fn", "max_tokens", "tier_fn", "ttl_fn", "priority_fn",
-                                      "weight_fn")]  # fmt: skip
-    return (rule.effect, rule.failure, rule.message, tuple(m.source for m in rule.match),
-            tuple(c.source if c is not None else None for c in src), rule.tier, rule.ttl_s, rule.priority,
-            rule.scope, rule.tenants, rule.weight)  # fmt: skip
+def _fingerprint(rule: Any, variables: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What defines a compiled rule's behaviour (not where it is written).
+
+    Its settings, its expressions and the sources of every policy variable they read, transitively.
+    """
+    exprs = [rule.when, rule.message_fn, rule.max_tokens, rule.tier_fn, rule.ttl_fn, rule.priority_fn,
+             rule.weight_fn, *rule.match]  # fmt: skip
+    sources = tuple(c.source if c is not None else None for c in exprs)
+    used: dict[str, str] = {}
+    todo = [m.group(1) for src in sources if src for m in _VAR.finditer(src)]
+    while todo:
+        name = todo.pop()
+        if name in used or name not in variables:
+            continue
+        used[name] = variables[name].source
+        todo.extend(m.group(1) for m in _VAR.finditer(used[name]))
+    return (rule.effect, rule.failure, rule.message, sources, rule.tier, rule.ttl_s, rule.priority, rule.scope,
+            rule.tenants, rule.weight, tuple(sorted(used.items())))  # fmt: skip
 
 
 class RuleDiff:
@@ -126,32 +135,45 @@ class RuleDiff:
 
     def __init__(self, old: Policies | None, new: Policies) -> None:
         self.old, self.new = old, new
-        self._edited: dict[str, frozenset[str]] = {}
+        self._edited: dict[tuple[str, str], frozenset[str]] = {}
         self._lock = threading.Lock()
 
-    def _rules(self, policies: Policies | None, tenant: str, kinds: Iterable[str]) -> dict[tuple[str, str], Any]:
-        if policies is None:
+    @staticmethod
+    def _rules(policies: Policies | None, tenant: str, kinds: Iterable[str]) -> dict[tuple[str, str], Any]:
+        if policies is None or (tenant not in policies.sets and "default" not in policies.sets):
             return {}
-        try:
-            ps = policies.for_tenant(tenant)
-        except Exception:
-            return {}
-        return {(k, r.name): _fingerprint(r) for k in kinds for r in ps.rules.get(k, ())}
+        ps = policies.for_tenant(tenant)
+        return {(k, r.name): _fingerprint(r, ps.variables.get(k, {})) for k in kinds for r in ps.rules.get(k, ())}
 
-    def edited(self, tenant: str) -> frozenset[str]:
-        """Names of `tenant`'s reuse rules (and share rules) added, removed or changed between the revisions."""
+    def edited(self, tenant: str, kind: str = "reuse") -> frozenset[str]:
+        """Names of `tenant`'s rules of `kind` added, removed or defined differently between the revisions."""
         with self._lock:
-            got = self._edited.get(tenant)
+            got = self._edited.get((tenant, kind))
         if got is None:
-            a = self._rules(self.old, tenant, ("reuse", "share"))
-            b = self._rules(self.new, tenant, ("reuse", "share"))
-            got = frozenset(name for (kind, name) in a.keys() | b.keys() if a.get((kind, name)) != b.get((kind, name)))
+            a, b = self._rules(self.old, tenant, (kind,)), self._rules(self.new, tenant, (kind,))
+            got = frozenset(name for (_, name) in a.keys() | b.keys() if a.get((kind, name)) != b.get((kind, name)))
             with self._lock:
-                self._edited[tenant] = got
+                self._edited[(tenant, kind)] = got
         return got
 
+    def blame(self, tenant: str, old: Outcome, new: Outcome) -> list[str]:
+        """The rules responsible for a disagreement.
+
+        Reuse rules that decided under one revision only, or under either and are defined differently; the
+        owner's share rules defined differently when the shared source changed.
+        """
+        either = set(old.rules) | set(new.rules)
+        out = (set(old.rules) ^ set(new.rules)) | (either & self.edited(tenant))
+        if old.shared_from != new.shared_from:
+            for owner in {s.split("/", 1)[0] for s in (old.shared_from, new.shared_from) if s}:
+                out |= {f"share {owner}/{name}" for name in self.edited(owner, "share")}
+        return sorted(out) or [SETTINGS]
+
     def not_replayed(self) -> list[str]:
-        """`kind tenant/rule` of every admit, place and route rule that differs: plans replayed cannot show those."""
+        """What differs that replayed plans cannot show, as `kind tenant/name`.
+
+        Admit, place and route rules, and the settings only they read (`default_tier`, `failure`).
+        """
         if self.old is None:
             return []
         out = []
@@ -160,6 +182,10 @@ class RuleDiff:
             b = self._rules(self.new, tenant, ("admit", "place", "route")) if tenant in self.new.sets else {}
             out.extend(f"{kind} {tenant}/{name}" for (kind, name) in sorted(a.keys() | b.keys())
                        if a.get((kind, name)) != b.get((kind, name)))  # fmt: skip
+            po, pn = self.old.sets.get(tenant), self.new.sets.get(tenant)
+            for setting in ("default_tier", "failure"):
+                if po is not None and pn is not None and getattr(po, setting) != getattr(pn, setting):
+                    out.append(f"setting {tenant}/{setting}")
         return out
 
 
@@ -176,7 +202,7 @@ class Shadow:
         self.dropped = 0
         self._baselines: set[str] = set()
         self._logged_rules: set[str] = set()
-        self._diffs: dict[int, RuleDiff] = {}  # per live revision (a reload may swap it while shadowing)
+        self._diff: RuleDiff | None = None  # for the live revision last seen
         self._queue: queue.Queue[tuple[DecisionInputs, Policies | None, str] | None] = queue.Queue(max_queued)
         self._idle = threading.Condition()
         self._busy = 0
@@ -186,17 +212,16 @@ class Shadow:
 
     def offer(self, inputs: DecisionInputs, live: Policies | None, decision_id: str) -> None:
         """Queue one plan's inputs (never blocks: dropped and counted when the shadow thread is behind, or closed)."""
-        with self._idle:
+        with self._idle:  # put under the lock (it never blocks): close() cannot slip in between
             if self._closed:
                 self.dropped += 1
                 return
-            self._busy += 1
-        try:
-            self._queue.put_nowait((inputs, live, decision_id))
-        except queue.Full:
-            with self._idle:
-                self._busy -= 1
+            try:
+                self._queue.put_nowait((inputs, live, decision_id))
+            except queue.Full:
                 self.dropped += 1
+                return
+            self._busy += 1
 
     def _run(self) -> None:
         while True:
@@ -222,13 +247,12 @@ class Shadow:
                 self._baselines.add(live.revision)
         old = Outcome.of(before, self.replayer.tier_order)
         new = Outcome.of(after, self.replayer.tier_order)
-        diff = self._diffs.get(id(live))
-        if diff is None or diff.old is not live:
-            diff = self._diffs[id(live)] = RuleDiff(live, self.candidate)
-        edited = diff.edited(tenant)
-        changes = self.counts.add(decision_id, tenant, old, new, incomplete=bool(missing), edited=edited)
+        diff = self._diff
+        if diff is None or diff.old is not live:  # the latest live revision only: a reload replaces it
+            diff = self._diff = RuleDiff(live, self.candidate)
+        rules = diff.blame(tenant, old, new)
+        changes = self.counts.add(decision_id, tenant, old, new, incomplete=bool(missing), blamed=rules)
         if changes:
-            rules = _blamed(old, new, edited)
             first = not self._logged_rules.issuperset(rules)
             if first or self.counts.disagreed % self.log_every == 0:
                 self._logged_rules.update(rules)
@@ -250,6 +274,8 @@ class Shadow:
     def close(self, timeout: float = 2.0) -> None:
         """Stop the shadow thread (inputs still queued are not compared); never raises."""
         with self._idle:
+            if self._closed:  # closed already: the stop marker is queued or consumed
+                return
             self._closed = True  # no offer gets in after this
         while True:
             try:
@@ -318,5 +344,5 @@ def impact(records: Iterable[Mapping[str, Any]], old: Policies, new: Policies, *
         tenant = str(rec.get("tenant", ""))
         old_outcome, new_outcome = Outcome.of(before, replayer.tier_order), Outcome.of(after, replayer.tier_order)
         counts.add(str(rec.get("decision_id", "")), tenant, old_outcome, new_outcome, incomplete=bool(missing),
-                   edited=diff.edited(tenant))  # fmt: skip
+                   blamed=diff.blame(tenant, old_outcome, new_outcome))  # fmt: skip
     return counts.report(old.revision, new.revision), dict(skipped)

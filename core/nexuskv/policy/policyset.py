@@ -385,5 +385,6 @@ def _message(rule: CompiledRule, act: dict[str, Any]) -> str:
 
 
 def _uses(rule: CompiledRule, name: str) -> bool:
-    fns = [*rule.match, rule.when, rule.message_fn, rule.max_tokens, rule.tier_fn, rule.ttl_fn, rule.priority_fn]
+    fns = [*rule.match, rule.when, rule.message_fn, rule.max_tokens, rule.tier_fn, rule.ttl_fn, rule.priority_fn,
+           rule.weight_fn]
     return any(f is not None and re.search(rf"\b{name}\b", f.source) for f in fns)
