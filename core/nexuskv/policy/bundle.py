@@ -104,6 +104,17 @@ class PolicyBundle:
             raise BundleError("bundle `created_at` must be a number and `note` a string")
         return cls(files, revision, float(created), note)
 
+    @classmethod
+    def stored(cls, data: str | bytes, revision: str, where: str) -> PolicyBundle:
+        """The bundle a channel stored as `revision` at `where`; damaged or another revision's is a `BundleError`."""
+        try:
+            bundle = cls.from_json(data)
+        except BundleError as exc:
+            raise BundleError(f"{where}: {exc}") from None
+        if bundle.revision != revision:
+            raise BundleError(f"{where}: holds revision {bundle.revision}, not {revision}")
+        return bundle
+
     def write_to(self, root: str | os.PathLike[str]) -> Path:
         """Write the files under `root` (a directory `nexuskv policy check` / `test` can read); returns it."""
         root = Path(root)

@@ -158,13 +158,7 @@ class DirectoryChannel:
             raise BundleError(f"{path}: no bundle of revision {revision} in the channel") from None
         except OSError as exc:
             raise BundleError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        try:
-            bundle = PolicyBundle.from_json(data)
-        except BundleError as exc:
-            raise BundleError(f"{path}: {exc}") from None
-        if bundle.revision != revision:
-            raise BundleError(f"{path}: holds revision {bundle.revision}, not {revision}")
-        return bundle
+        return PolicyBundle.stored(data, revision, str(path))
 
     def history(self) -> list[tuple[str, float, str]]:
         """Every publish, oldest first (a damaged line, such as a crashed writer's last one, is skipped)."""

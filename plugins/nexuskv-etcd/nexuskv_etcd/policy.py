@@ -79,13 +79,7 @@ class EtcdPolicyChannel:
         value = self._get(f"bundles/{revision}")
         if value is None:
             raise BundleError(f"etcd {self.root}bundles/{revision}: no bundle of revision {revision} in the channel")
-        try:
-            bundle = PolicyBundle.from_json(value)
-        except BundleError as exc:
-            raise BundleError(f"etcd {self.root}bundles/{revision}: {exc}") from None
-        if bundle.revision != revision:
-            raise BundleError(f"etcd {self.root}bundles/{revision}: holds revision {bundle.revision}")
-        return bundle
+        return PolicyBundle.stored(value, revision, f"etcd {self.root}bundles/{revision}")
 
     def history(self) -> list[tuple[str, float, str]]:
         """Every publish, oldest first (ordered by the etcd revision that wrote it)."""
