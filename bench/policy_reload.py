@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_speed, result
 from nexuskv import Kernel, KernelConfig, Layout, ModelIdentity, Request, StateGroup, TokenizerIdentity
 from nexuskv.logs import configure_logging
-from nexuskv.policy.bundle import bundle_revision, policy_files
+from nexuskv.policy.bundle import PolicyBundle, bundle_revision, policy_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = 16
@@ -84,10 +84,6 @@ def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def directory_revision(root: Path) -> str:
-    return bundle_revision({p.relative_to(root).as_posix(): p.read_text() for p in policy_files(root)})
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -161,7 +157,7 @@ def main() -> None:
     pdir = work / "policies"
     shutil.copytree(ROOT / "policies", pdir, ignore=shutil.ignore_patterns("tests"))
     write_atomically(pdir / "default.toml", TAGGED.format(n=0))
-    gen_of = {directory_revision(pdir): 0}
+    gen_of = {PolicyBundle.from_directory(pdir).revision: 0}
     files = {p.relative_to(pdir).as_posix(): p.read_text() for p in policy_files(pdir)}
     cfg = KernelConfig(node="bench", policies=str(pdir), deadline_ms=DEADLINE_MS,
                        tiers={"dram": {"store": "dram", "capacity_bytes": "1GiB"}})  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import structlog
 from hypothesis import HealthCheck, settings
@@ -148,3 +150,13 @@ def check_concurrent_writers(idx, layout: Layout) -> None:
         assert idx.keys_at(loc) == frozenset(model)
         assert idx.holdings().get(loc, 0) == len(model)
     assert snaps  # the readers ran alongside
+
+
+def wait_for(cond, timeout: float = 10.0) -> bool:
+    """Poll `cond()` until it holds or `timeout` seconds pass; its last value (tests assert on it)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return bool(cond())

@@ -6,15 +6,7 @@ import time
 
 from nexuskv.builtins.embedded import EmbeddedControlPlane
 from nexuskv.control import Membership
-
-
-def wait_for(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
+from tests.conftest import wait_for
 
 
 class FlakyPlane(EmbeddedControlPlane):
@@ -60,7 +52,7 @@ def test_a_plane_down_at_start_is_not_fatal_and_says_why():
         assert not m.ok() and m.lease is None and m.epoch == 0
         assert "connection refused" in m.problem
         plane.down = False
-        assert wait_for(m.ok)  # the heartbeat joins as soon as the plane answers
+        assert wait_for(m.ok, timeout=5.0)  # the heartbeat joins as soon as the plane answers
         assert m.epoch == 1 and m.lease is not None
     finally:
         m.close()
@@ -72,7 +64,7 @@ def test_a_lost_lease_rejoins_with_a_higher_fencing_epoch():
     try:
         first, lease = m.epoch, m.lease
         plane.revoke(lease.lease_id)  # the lease is gone (expired, or the plane restarted)
-        assert wait_for(lambda: m.lease is not None and m.lease.lease_id != lease.lease_id)
+        assert wait_for(lambda: m.lease is not None and m.lease.lease_id != lease.lease_id, timeout=5.0)
         assert m.epoch > first and m.ok()
         assert plane.members() == {"n1": m.epoch}
     finally:
@@ -85,10 +77,10 @@ def test_an_outage_later_turns_ok_off_until_the_plane_answers_again():
     try:
         assert m.ok()
         plane.down = True
-        assert wait_for(lambda: not m.ok())
+        assert wait_for(lambda: not m.ok(), timeout=5.0)
         assert "connection refused" in m.problem
         plane.down = False
-        assert wait_for(m.ok)
+        assert wait_for(m.ok, timeout=5.0)
     finally:
         m.close()
 

@@ -12,6 +12,7 @@ from nexuskv.logs import configure_logging
 from nexuskv.policy.bundle import PolicyBundle
 from nexuskv.policy.live import LivePolicies
 from nexuskv.policy.loader import Policies, PolicyError
+from tests.conftest import wait_for
 from tests.test_policy_loader import write
 
 
@@ -23,13 +24,6 @@ def policy(tag: str, extra: str = "") -> dict[str, str]:
 BROKEN = {"default.toml": 'name = "default"\n[[reuse]]\nname = "bad"\nwhen = "match.tokens > \\"x\\""\n'}
 
 
-def wait_for(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 def test_reload_swaps_in_a_new_revision_and_reports_it(tmp_path):

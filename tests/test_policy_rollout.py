@@ -16,6 +16,7 @@ from nexuskv.cli import cli
 from nexuskv.policy.bundle import BundleError, PolicyBundle
 from nexuskv.policy.live import LivePolicies
 from nexuskv.policy.rollout import DirectoryChannel, PolicyChannel, Rollout
+from tests.conftest import wait_for
 
 WAIT_S = 10.0
 
@@ -42,15 +43,6 @@ when = 'match.tokens < "x"'
 message = "never"
 """
 BAD_AT = f"{(BASE + EXTRA + BROKEN).splitlines().index(BROKEN.splitlines()[3]) + 1}:22"
-
-
-def wait_until(cond, timeout: float = WAIT_S) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return bool(cond())
 
 
 def policy_dir(root: Path, text: str, tenant: str | None = None) -> Path:
@@ -292,13 +284,13 @@ def test_the_thread_follows_the_channel_and_stops(dirs):
     live = LivePolicies(v1)
     node = Rollout(live, ch, "n1", interval_s=0.02).start()
     try:
-        assert wait_until(lambda: "n1" in ch.reports())  # reported at start, before any rollout
+        assert wait_for(lambda: "n1" in ch.reports())  # reported at start, before any rollout
         b2 = PolicyBundle.from_directory(v2)
         ch.publish(b2)
-        assert wait_until(lambda: live.revision == b2.revision)
-        assert wait_until(lambda: ch.reports()["n1"]["status"] == "applied")
+        assert wait_for(lambda: live.revision == b2.revision)
+        assert wait_for(lambda: ch.reports()["n1"]["status"] == "applied")
         ch.publish(PolicyBundle.from_directory(bad))
-        assert wait_until(lambda: ch.reports()["n1"]["status"] == "failed")
+        assert wait_for(lambda: ch.reports()["n1"]["status"] == "failed")
         assert live.revision == b2.revision
     finally:
         node.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -10,16 +9,11 @@ import pytest
 from nexuskv import ConfigError, Kernel, KernelConfig
 from nexuskv.policy.bundle import PolicyBundle
 from nexuskv.policy.rollout import DirectoryChannel
-from tests.conftest import SECRET, make_request
+from tests.conftest import SECRET, make_request, wait_for
 
 ROOT = Path(__file__).resolve().parents[1] / "policies"
 
 
-def wait_for(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and not cond():
-        time.sleep(0.02)
-    return cond()
 
 
 def test_a_rollout_node_without_policies_recomputes_and_stores_nothing_until_its_first_bundle(tmp_path):
