@@ -12,8 +12,9 @@ PUBLIC = {
     "Predicted", "PrefillCost", "Request", "RouteDecision", "RouteOption", "SchemaVersionError", "Slo",
     "StateDescriptor", "StateGroup", "StateKind", "StoredState", "TensorSpec", "TierStore", "TokenSpan",
     "TokenizerIdentity", "Transport", "Usage", "bind_request", "checksum", "configure_logging", "from_dict",
-    "get_logger", "hookimpl", "load_secret", "longest_restore_point", "parent_slot", "parse_bytes", "pick_victims",
-    "refreshed_priority", "slot_of", "to_dict", "valid_restore_point", "verify_checksum", "__version__"
+    "from_json", "json_schema", "get_logger", "hookimpl", "load_secret", "longest_restore_point", "parent_slot",
+    "parse_bytes", "pick_victims", "refreshed_priority", "slot_of", "to_dict", "valid_restore_point", "verify_checksum",
+    "__version__"
 }  # fmt: skip
 
 

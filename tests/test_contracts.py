@@ -5,7 +5,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nexuskv.contracts as c
@@ -214,3 +214,87 @@ def test_layout_kind_and_masks():
     hy = c.Layout(groups=[c.StateGroup(kind="dense", layers=1), c.StateGroup(kind="recurrent", layers=1)])
     assert hy.kind == "hybrid" and hy.group_mask == 0b11
     assert c.StateKind.RECURRENT.checkpointed and not c.StateKind.LATENT.checkpointed
+
+
+# ------------------------------------------------------------------- the compiled check against the reference one
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@st.composite
+def mutated(draw, cls):
+    """A valid contract dict with one random change: a value replaced, a key dropped or added, a token id bent."""
+    data = to_dict(draw(STRATEGIES[cls]))
+    path = []
+    node = data
+    while isinstance(node, dict | list) and node and draw(st.booleans()):
+        key = draw(st.sampled_from(sorted(node))) if isinstance(node, dict) else draw(
+            st.integers(0, len(node) - 1))
+        path.append(key)
+        if not isinstance(node[key], dict | list) or not node[key]:
+            break
+        node = node[key]
+    how = draw(st.sampled_from(["replace", "drop", "add", "token"]))
+    if how == "token" and data.get("token_ids"):
+        i = draw(st.integers(0, len(data["token_ids"]) - 1))
+        data["token_ids"][i] = draw(st.sampled_from([True, False, -1, 2**32, 1.0, 0.5, "7", None, 2**32 - 1, 0]))
+    elif path:
+        parent = data
+        for key in path[:-1]:
+            parent = parent[key]
+        if how == "drop" and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif how == "add" and isinstance(parent, dict):
+            parent[draw(st.text(max_size=5))] = draw(json_values)
+        else:
+            parent[path[-1]] = draw(json_values)
+    return data
+
+
+@pytest.mark.parametrize("cls", [c.Request, c.Plan, c.StateDescriptor])
+def test_compiled_check_agrees_with_the_reference_validator(cls):
+    """fastjsonschema (plus the C check of token ids) accepts exactly what jsonschema accepts."""
+    from nexuskv import _schema
+
+    reference = _schema._validator(cls)
+
+    def floats(data):  # JSON Schema takes an integral float (1.0) for an integer; the compiled check leaves it
+        return any(type(t) is float for t in data.get("token_ids", ()) if isinstance(data.get("token_ids"), list))
+
+    @settings(max_examples=150, deadline=None)
+    @given(mutated(cls))
+    def check(data):
+        fast, ref = _schema.fast_valid(cls, data), reference.is_valid(data)
+        assert fast == ref or (ref and floats(data)), data  # never accepts what the reference validator refuses
+        text = json.dumps(data)
+        if "token_ids" in data and "true" not in text and "false" not in text:
+            assert _schema.fast_valid(cls, data, bools=False) == fast  # no bool in the JSON: the same verdict
+
+    check()
+
+
+def test_from_json_reads_what_from_dict_reads():
+    from nexuskv import from_json
+
+    req = c.Request(request_id="r", tenant="t", model=c.ModelIdentity(name="m"), tokenizer=c.TokenizerIdentity(
+        name="k"), layout=c.Layout(groups=[c.StateGroup(kind="dense", layers=1)], page_size=4),
+        token_ids=[1, 0, 2**32 - 1])  # fmt: skip
+    text = json.dumps(to_dict(req))
+    assert from_json(c.Request, text) == from_json(c.Request, text.encode()) == req
+    bad = to_dict(req)
+    bad["token_ids"][1] = False
+    with pytest.raises(ContractError) as err:
+        from_json(c.Request, json.dumps(bad))
+    assert err.value.problems == [("token_ids[1]", "expected integer, got boolean")]
+    integral = to_dict(req)
+    integral["token_ids"][0] = 1.0  # an integer by JSON Schema's rule: accepted, and kept as the int 1
+    assert from_json(c.Request, json.dumps(integral)).token_ids == (1, 0, 2**32 - 1)
+    assert type(from_dict(c.Request, integral).token_ids[0]) is int
+    with pytest.raises(ContractError) as err:
+        from_json(c.Request, '{"request_id": ')
+    assert err.value.problems[0][0] == "<root>" and err.value.problems[0][1].startswith("not JSON: ")

@@ -31,6 +31,8 @@ from nexuskv.contracts import (
     TokenSpan,
     Usage,
     from_dict,
+    from_json,
+    json_schema,
     to_dict,
 )
 from nexuskv.descriptors import DescriptorEncoder, DescriptorParser
@@ -136,6 +138,8 @@ __all__ = [
     "checksum",
     "configure_logging",
     "from_dict",
+    "from_json",
+    "json_schema",
     "get_logger",
     "hookimpl",
     "load_secret",
