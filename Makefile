@@ -13,13 +13,13 @@ VPY        := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 ARCH       := $(shell uname -m)
 
-.PHONY: setup demo test test-vllm vllm-setup lint bench clean redis-server etcd-server
+.PHONY: setup demo test test-vllm vllm-setup lint bench clean redis-server etcd-server libibverbs1
 
 NATIVE_SRC := $(wildcard plugins/nexuskv-native/nexuskv_native/*.[ch])
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(NATIVE_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(foreach p,$(PLUGINS),-e ./$(p))
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,status]' $(foreach p,$(PLUGINS),-e ./$(p))
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -54,7 +54,13 @@ etcd-server:
 	@command -v etcd >/dev/null || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq etcd-server >/dev/null; }
 
-test: lint redis-server etcd-server
+# The Mooncake tier's CPU build (mooncake-transfer-engine-non-cuda) loads libibverbs.so.1 even for TCP; install
+# Debian's libibverbs1 when it is missing.
+libibverbs1:
+	@ldconfig -p | grep -q 'libibverbs\.so\.1 ' || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libibverbs1 >/dev/null; }
+
+test: lint redis-server etcd-server libibverbs1
 	$(PY) -m pytest --ignore=plugins/nexuskv-vllm
 	$(MAKE) --no-print-directory test-vllm
 

@@ -16,7 +16,7 @@ import nexuskv
 ROOT = Path(nexuskv.__file__).resolve().parent
 
 FLOORS: list[tuple[str, set[str]]] = [
-    ("contracts", {"errors", "units", "logs", "eviction", "hookspecs", "health", "_schema", "contracts",
+    ("contracts", {"errors", "units", "logs", "eviction", "hookspecs", "health", "_schema", "_tally", "contracts",
                    "interfaces", "policy.types", "policy.verdict", "policy._celrt", "policy._tomlpos",
                    "policy._celvalues", "policy._textproto", "policy._celtime", "policy._pause", "descriptors"}),
     ("identity and policy", {"identity", "kinds", "holding", "index", "cost", "links", "policy", "policy._celparse",
@@ -28,11 +28,12 @@ FLOORS: list[tuple[str, set[str]]] = [
                              "policy._cellit", "policy.coverage", "policy.bundle", "policy.live",
                              "policy.conformance", "policy.rollout"}),
     ("decisions", {"planner", "writer", "prefetch", "config", "plugins"}),
-    ("kernel parts", {"control", "keying", "decisions", "hierarchy", "sharing", "replay", "shadow", "policyops"}),
+    ("kernel parts", {"control", "keying", "decisions", "hierarchy", "sharing", "replay", "shadow", "policyops",
+                      "metrics"}),
     ("request paths", {"writepath", "loadpath", "readpath"}),
     ("routing", {"routing"}),
     ("facade", {"kernel"}),
-    ("applications", {"", "_demo", "cli", "_cli_rollout", "_cli_impact", "testing", "stress", "builtins",
+    ("applications", {"", "_demo", "cli", "_cli_rollout", "_cli_impact", "_cli_status", "testing", "stress", "builtins",
                       "builtins.dram", "builtins.local", "builtins.matcher", "builtins.keyer", "builtins.embedded",
                       "builtins.shaped"}),
 ]  # fmt: skip

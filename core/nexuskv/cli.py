@@ -13,6 +13,7 @@ import click
 from nexuskv import _schema
 from nexuskv._cli_impact import add_impact_commands
 from nexuskv._cli_rollout import add_rollout_commands
+from nexuskv._cli_status import add_status_commands
 from nexuskv.contracts import CONTRACTS, Request, from_dict
 from nexuskv.errors import ContractError, NexusKVError
 from nexuskv.logs import configure_logging
@@ -256,12 +257,12 @@ def policy_test(
 
 @policy_grp.command("explain")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
-@click.option("--input", "input_file", required=True, type=click.Path(dir_okay=False),
-              help="JSON: {kind?, state?, request?, match?, cost?, tier?, node?, now?, target?} (partial, like "
-                   "policy tests).")
+@click.option("--input", "input_value", required=True, metavar="JSON|FILE",
+              help="The input, inline (a value starting with `{`) or a JSON file: {kind?, state?, request?, match?, "
+                   "cost?, tier?, node?, now?, target?} (partial, like policy tests).")
 @click.option("--kind", type=click.Choice(["admit", "reuse", "place", "share", "route"]), default=None,
               help="Rule kind (default: the input's `kind`).")  # fmt: skip
-def policy_explain(file: Path, input_file: str, kind: str | None) -> None:
+def policy_explain(file: Path, input_value: str, kind: str | None) -> None:
     """Which rules of FILE's policy fire for an input, and every sub-expression's value."""
     from nexuskv.policy.explain import explain, render
     from nexuskv.policy.loader import Policies, PolicyError, parse_policy_file
@@ -271,9 +272,9 @@ def policy_explain(file: Path, input_file: str, kind: str | None) -> None:
     model, problems, _ = parse_policy_file(file)
     if model is None:
         raise click.ClickException("\n".join(str(p) for p in problems))
-    data = _read_json(input_file)
+    data, where = _explain_input(input_value)
     if not isinstance(data, dict):
-        raise click.ClickException(f"{input_file}: expected a JSON object")
+        raise click.ClickException(f"{where}: expected a JSON object")
     kind = kind or data.pop("kind", None)
     data.pop("kind", None)
     if kind is None:
@@ -286,6 +287,22 @@ def policy_explain(file: Path, input_file: str, kind: str | None) -> None:
         raise click.ClickException(str(exc)) from None
     traces, verdict = explain(ps, kind, act, functions)
     click.echo(render(ps, kind, traces, verdict))
+
+
+def _explain_input(value: str) -> tuple[Any, str]:
+    """`policy explain --input`: inline JSON when the value starts with `{`, else a JSON file; and what to call it."""
+    if not value.lstrip().startswith("{"):
+        if not Path(value).exists():
+            raise click.ClickException(f"--input {value}: no such file (the input is a JSON file, or inline JSON "
+                                       "starting with '{')")  # fmt: skip
+        return _read_json(value), value
+    try:
+        return json.loads(value), "--input"
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"--input: inline JSON, line {exc.lineno} column {exc.colno}: {exc.msg} (a value "
+                                   "starting with '{' is read as JSON, anything else as a file)") from None
+    except RecursionError:
+        raise click.ClickException("--input: inline JSON nested too deeply") from None
 
 
 @cli.command("keys")
@@ -358,3 +375,4 @@ def main() -> None:
 
 add_rollout_commands(policy_grp, _functions)  # publish, rollout-status, rollback (_cli_rollout.py)
 add_impact_commands(policy_grp, _functions)  # diff (_cli_impact.py)
+add_status_commands(cli)  # status [--watch] (_cli_status.py)

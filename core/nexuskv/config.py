@@ -1,13 +1,15 @@
 """Kernel configuration: `KernelConfig`, read from a mapping or a TOML file, and the plugin environment it implies.
 
-Every key is optional; unknown keys and wrong types are a `ConfigError` naming the file and the key path. Relative
-paths in a file (policies, profile, secret file, tier paths) are relative to the file. The planning deadline's
-default (1 ms) can be set for a whole deployment with `NEXUSKV_DEADLINE_MS`; a config file's `deadline_ms` and a
-request's `slo.deadline_ms` take precedence.
+Every key is optional; unknown keys and wrong types (a string where a list is expected, too) are a `ConfigError`
+naming the file and the key path. Relative paths in a file (policies, profile, secret file, decision file, shadow and
+rollout directories, tiers' path options: `path`, `shm_dir`, `*_dir`, `*_file`, `*_path`) are relative to the file.
+The planning deadline's default (1 ms) can be set for a whole deployment with `NEXUSKV_DEADLINE_MS`; a config
+file's `deadline_ms` and a request's `slo.deadline_ms` take precedence.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -65,6 +67,12 @@ class KernelConfig:
     policy_shadow: str | None = None  # a candidate policy directory evaluated beside the live one (shadow mode)
     decision_file: str | None = None  # JSON lines of every decision record (written off the hot path)
     decision_inputs: tuple[str, ...] = ()  # tenants ("*": all) whose decision records carry their inputs
+    # fraction of plans whose `decision` line is logged (fallbacks' always are), its level, records kept for /status
+    decision_log_sample: float = field(default=1.0, validator=[attrs.validators.ge(0), attrs.validators.le(1)])
+    decision_log_level: str = field(default="info", validator=attrs.validators.in_(("info", "debug", "off")))
+    decision_log_recent: int = field(default=100, validator=attrs.validators.ge(0))
+    metrics_port: int | None = None  # serve GET /metrics and /status here (0: a free port; docs/operations.md)
+    metrics_host: str = "127.0.0.1"
     profile: str | None = None
     deadline_ms: float = field(factory=lambda: _env_float("NEXUSKV_DEADLINE_MS", 1.0))
     load_timeout_ms: float = 200.0
@@ -86,18 +94,25 @@ class KernelConfig:
     checksum: str = field(default=DEFAULT_CHECKSUM, validator=attrs.validators.in_(tuple(CHECKSUMS)))
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], origin: str = "<config>") -> KernelConfig:
-        """Build from a mapping; unknown keys and wrong types are a `ConfigError` naming origin and path."""
+    def from_mapping(cls, data: Mapping[str, Any], origin: str = "<config>",
+                     relative_to: str | os.PathLike[str] | None = None) -> KernelConfig:  # fmt: skip
+        """Build from a mapping; unknown keys and wrong types are a `ConfigError` naming origin and path.
+
+        With `relative_to` (a directory: a config file's), relative paths are resolved against it, as `from_toml`
+        does; without, they stay relative to the current directory.
+        """
+        _no_bare_strings(cls, data, origin)
         conv = cattrs.Converter(forbid_extra_keys=True)
         try:
-            return conv.structure(dict(data), cls)
+            cfg = conv.structure(dict(data), cls)
         except cattrs.BaseValidationError as exc:
             msgs = "; ".join(cattrs.transform_error(exc, path=origin, format_exception=_explain))
             raise ConfigError(f"{origin}: {msgs}") from None
+        return cfg if relative_to is None else _resolve_paths(cfg, Path(relative_to))
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> KernelConfig:
-        """Read a TOML config file."""
+        """Read a TOML config file; relative paths in it are relative to the file (made absolute)."""
         p = Path(path)
         try:
             data = tomllib.loads(p.read_text())
@@ -105,18 +120,37 @@ class KernelConfig:
             raise ConfigError(f"{p}: no such config file") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: {exc}") from None
-        cfg = cls.from_mapping(data, origin=str(p))
-        # Relative paths in a config file are relative to the file.
-        for key in ("policies", "profile", "secret_file", "policy_shadow", "decision_file", "policy_rollout"):
-            value = getattr(cfg, key)
-            if key == "policy_rollout" and value == "control-plane":
-                continue
-            if value and not Path(value).is_absolute():
-                cfg = attrs.evolve(cfg, **{key: str(p.parent / value)})
-        tiers = {name: ({**opts, "path": str(p.parent / opts["path"])}
-                        if isinstance(opts.get("path"), str) and not Path(opts["path"]).is_absolute() else opts)
-                 for name, opts in cfg.tiers.items()}  # fmt: skip
-        return attrs.evolve(cfg, tiers=tiers)
+        return cls.from_mapping(data, origin=str(p), relative_to=Path(os.path.abspath(p)).parent)
+
+
+_PATH_KEYS = ("policies", "profile", "secret_file", "policy_shadow", "decision_file", "policy_rollout")
+
+
+def _is_path_option(key: str) -> bool:
+    """A tier option naming a file or directory (`path`, the shm tier's `shm_dir`, `..._file`, `..._path`)."""
+    return key == "path" or key.endswith(("_dir", "_file", "_path"))
+
+
+def _resolve_paths(cfg: KernelConfig, base: Path) -> KernelConfig:
+    """`cfg` with its relative paths (the `_PATH_KEYS` and tiers' path options) resolved against `base`."""
+
+    def resolved(value: Any) -> Any:
+        return str(base / value) if isinstance(value, str) and value and not Path(value).is_absolute() else value
+
+    changes = {key: resolved(getattr(cfg, key)) for key in _PATH_KEYS
+               if not (key == "policy_rollout" and getattr(cfg, key) == "control-plane")}  # fmt: skip
+    tiers = {name: {k: resolved(v) if _is_path_option(k) else v for k, v in opts.items()}
+             for name, opts in cfg.tiers.items()}  # fmt: skip
+    return attrs.evolve(cfg, tiers=tiers, **changes)
+
+
+def _no_bare_strings(cls: type, data: Mapping[str, Any], origin: str) -> None:
+    """A string where a list of strings is expected (`decision_inputs = "chat"`) is an error, not its characters."""
+    for f in attrs.fields(cls):
+        value = data.get(f.name)
+        if isinstance(value, str) and str(f.type).startswith("tuple["):
+            raise ConfigError(f"{origin}: {f.name}: expected a list of strings, got a string {json.dumps(value)} "
+                              f"(write {f.name} = [{json.dumps(value)}])")
 
 
 def _explain(exc: BaseException, type_: type | None) -> str:

@@ -1,9 +1,10 @@
 """The node's storage hierarchy: its tiers and transports, and every way state enters, moves and leaves them.
 
 `Hierarchy` builds the tier stores and transports the config names, orders the tiers by the cost profile
-(fastest first), re-indexes persistent tiers, stores and loads payloads (checksums verified, bad payloads
-quarantined), and keeps the index exact: every eviction a tier reports removes exactly that group at that
-location, and the evicted payload is demoted one tier down where it fits. Prefetch moves go through `move`.
+(fastest first; a tier it has no cost for is a `ConfigError`), re-indexes persistent tiers, stores and loads
+payloads (checksums verified, bad payloads quarantined), and keeps the index exact: every eviction a tier reports
+removes exactly that group at that location, and the evicted payload is demoted one tier down where it fits.
+Prefetch moves go through `move`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from nexuskv._tally import Tally
 from nexuskv.config import KernelConfig
 from nexuskv.contracts import Layout, Placement, StateDescriptor
 from nexuskv.control import Membership
@@ -50,6 +52,22 @@ def _payload_problem(key: bytes, got: StoredState) -> str:
     return ""
 
 
+def _nbytes(payload: bytes | memoryview) -> int:
+    return payload.nbytes if isinstance(payload, memoryview) else len(payload)
+
+
+def _unpriced(config: KernelConfig, cost: CostModel, tiers: list[str]) -> str:
+    """Why tiers the cost profile has no cost for are refused, and how to fix it (docs/tiers.md#tier-costs)."""
+    which = f"{cost.profile.name!r} ({config.profile})" if config.profile else \
+        f"{cost.profile.name!r} (the built-in default: `profile` is not set)"  # fmt: skip
+    names = ", ".join(f"tiers.{t}" for t in tiers)
+    entries = ", ".join(f'"{t}": {{"bandwidth_bytes_per_s": ..., "latency_ms": ...}}' for t in tiers)
+    return (f"{names}: the cost profile {which} has no cost for {'this tier' if len(tiers) == 1 else 'these tiers'},"
+            f" so no plan would ever read what it stores; add {entries} to the profile's \"tiers\" (a profile JSON"
+            f" named by `profile`; `nexuskv calibrate --config` measures one), or use a tier name the profile"
+            f" prices ({', '.join(sorted(cost.profile.tiers))})")
+
+
 class Hierarchy:
     """Tier stores and transports of one node, ordered fastest first, with the index kept exact across them."""
 
@@ -62,14 +80,15 @@ class Hierarchy:
         self.cost = cost
         self.health = health
         self.membership = membership
+        self.counts = Tally()  # per tier: hits, misses, read_bytes, written_bytes, evictions, quarantined (metrics)
         self.tier_order: tuple[str, ...] = ()  # set below; evictions during re-indexing see no lower tier
         tier_factories, transport_factories = factories
         self.tiers: dict[str, TierStore] = self._build_tiers(tier_factories)
         self.transports: dict[str, Transport] = self._build_transports(transport_factories)
         known = [t for t in self.tiers if t in cost.profile.tiers]
-        for t in self.tiers:
-            if t not in cost.profile.tiers:
-                log.warning("tier has no cost in the profile; plans will not read from it", tier=t)
+        if len(known) < len(self.tiers):  # it would store blocks no plan ever reads (closing the built tiers first)
+            self.close()
+            raise ConfigError(_unpriced(config, cost, [t for t in self.tiers if t not in cost.profile.tiers]))
         known.sort(key=lambda t: (-cost.profile.tiers[t].bandwidth_bytes_per_s, t))
         self.tier_order = tuple(known)
         # Tiers that hold other nodes' payloads too (a host-wide shm tier, a Redis server), as their stores declare
@@ -173,6 +192,7 @@ class Hierarchy:
         def on_evict(slot: bytes, descriptor: StateDescriptor, payload: bytes | memoryview | None = None) -> None:
             loc = Location(tier, descriptor.placement.node, descriptor.placement.epoch)
             self.index.remove(slot[:-1], loc, 1 << slot[-1])
+            self.counts.add(("evictions", tier))
             if payload is not None and self.config.demote:
                 self._demote(tier, descriptor, payload)
 
@@ -271,6 +291,7 @@ class Hierarchy:
             ok = store.put(slot, payload, descriptor, priority)
         if not ok:
             return False
+        self.counts.add(("written_bytes", tier), _nbytes(payload))
         self.index.insert(key, Location(tier, self.node, descriptor.placement.epoch), 1 << descriptor.group)
         return True
 
@@ -294,10 +315,14 @@ class Hierarchy:
                 continue
             got = mover.fetch(store, slot)
             if got is None:
+                self.counts.add(("misses", name))
                 self._forget(key, group, name, store)
                 continue
             if not self.verified(key, group, name, got, "checksum mismatch"):
+                self.counts.add(("misses", name))
                 continue
+            self.counts.add(("hits", name))
+            self.counts.add(("read_bytes", name), _nbytes(got.payload))
             return got
         return None
 
@@ -362,6 +387,7 @@ class Hierarchy:
         if store is not None:
             store.delete(slot_of(key, group))
         self._unindex(key, group, tier)
+        self.counts.add(("quarantined", tier))
         log.warning("payload quarantined", key=key.hex(), group=group, tier=tier, reason=reason)
 
     def _unindex(self, key: bytes, group: int, tier: str, node: str | None = None) -> int:
@@ -390,6 +416,7 @@ class Hierarchy:
             return False
         if not self.verified(slot[:-1], slot[-1], source, got, "checksum mismatch during prefetch"):
             return False
+        self.counts.add(("read_bytes", source), _nbytes(got.payload))
         where = target if choose is None else choose(got.descriptor)
         if where is None or where not in self.tiers:
             return False

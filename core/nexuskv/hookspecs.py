@@ -83,7 +83,20 @@ def nexuskv_register_cel_functions(register: Register) -> None:
 def nexuskv_observe_decision(decision: Mapping[str, Any]) -> None:
     """Called once per kernel decision with its decision-log record (a JSON-compatible mapping).
 
-    Observers must be quick and must not raise; an exception is logged and the observer is skipped.
+    Observers run on the kernel's single observer thread (`nexuskv-observers`), never on the planning thread:
+    records reach it through a bounded queue, and when observers fall behind, records are dropped and counted
+    (`Kernel.observer_drops`, metric `nexuskv_decision_observer_drops_total`), never waited for. Observers must
+    be quick and must not raise; an exception is logged and the observer is skipped.
+    """
+
+
+@hookspec(firstresult=True)
+def nexuskv_metrics_registry(kernel: Any) -> Any:
+    """Return a `prometheus_client.CollectorRegistry` the kernel adds its metrics collector to, or None to pass.
+
+    Called once when the kernel starts (its parts are built), so an engine that exports Prometheus (vLLM,
+    SGLang) serves NexusKV's `nexuskv_*` series beside its own; the kernel takes its collector out again when
+    it closes. The kernel's own registry (`kernel.metrics.registry`) has the collector whatever the answer.
     """
 
 

@@ -21,6 +21,7 @@ from nexuskv.contracts import CostProfile, Plan, Request, StateDescriptor, Tenso
 from nexuskv.control import Membership
 from nexuskv.cost import CostModel, default_profile, load_profile
 from nexuskv.decisions import DecisionLog
+from nexuskv.errors import ConfigError
 from nexuskv.health import Health
 from nexuskv.hierarchy import Hierarchy
 from nexuskv.identity import BlockKeyer, KeyChain, PlanSeal, load_secret
@@ -30,6 +31,7 @@ from nexuskv.keying import Keys
 from nexuskv.links import link_estimates
 from nexuskv.loadpath import LoadPath, LoadReport, Materialized
 from nexuskv.logs import configure_logging, get_logger
+from nexuskv.metrics import Metrics
 from nexuskv.planner import Planner
 from nexuskv.plugins import PluginManager
 from nexuskv.policy.bundle import PolicyBundle
@@ -103,11 +105,14 @@ class Kernel:
         self.prefetcher = Prefetcher(self.writes.prefetch_move, max_bytes=cfg.prefetch_max_bytes,
                                      max_tasks=cfg.prefetch_max_tasks, tenant_share=cfg.prefetch_tenant_share)
         self.decision_log = DecisionLog(self.plugins, file=cfg.decision_file, inputs_for=cfg.decision_inputs,
-                                        context=Replayer.of(self.planner), node=self.node)  # fmt: skip
+                                        context=Replayer.of(self.planner), node=self.node,
+                                        sample=cfg.decision_log_sample, level=cfg.decision_log_level,
+                                        recent=cfg.decision_log_recent)  # fmt: skip
         self.reads = ReadPath(cfg, self.keyring, self.index, self.planner, self.live, self.membership,
                               self.health, self.cost, self.prefetcher, self.decision_log, self.plan_seal)  # fmt: skip
         self.router = Router(self.reads, self.cost, self.membership, cfg.deadline_ms)
         self.policy_ops.start(self.node, self.planner, self.decision_log, self.control)
+        self.metrics = Metrics.start(self)  # kernel.metrics: the registry, status(), the HTTP port when configured
         bind = getattr(self.index, "bind", None)
         if callable(bind):  # a cluster-wide index follows this kernel's membership and publishes its holdings
             bind(self)
@@ -120,7 +125,7 @@ class Kernel:
 
     def _abandon(self) -> None:
         """Close what a failed start had built, in reverse (errors ignored: the start's own error is raised)."""
-        for part in ("policy_ops", "reads", "decision_log", "prefetcher", "loads", "writes", "hierarchy"):
+        for part in ("metrics", "policy_ops", "reads", "decision_log", "prefetcher", "loads", "writes", "hierarchy"):
             obj = getattr(self, part, None)
             if obj is not None:
                 with contextlib.suppress(Exception):
@@ -158,8 +163,14 @@ class Kernel:
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> Kernel:
-        """Build a kernel from a TOML config file."""
-        return cls(KernelConfig.from_toml(path), **kwargs)
+        """Build a kernel from a TOML config file (a `ConfigError` at start names the file)."""
+        config = KernelConfig.from_toml(path)
+        try:
+            return cls(config, **kwargs)
+        except ConfigError as exc:
+            if str(exc).startswith(f"{path}:"):
+                raise
+            raise ConfigError(f"{path}: {exc}") from None
 
     # ------------------------------------------------------------------------------------------ the parts' state
 
@@ -391,6 +402,7 @@ class Kernel:
 
     def close(self) -> None:
         """Stop the workers, then release tiers, transports and the control-plane lease."""
+        self.metrics.close()
         self.membership.stop()
         self.policy_ops.close()
         self.decision_log.close()

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from attrs import define
 
+from nexuskv._tally import Buckets, Tally
 from nexuskv.config import KernelConfig
 from nexuskv.contracts import Plan, PlanAction, PlanSpan, Request
 from nexuskv.cost import peer_link
@@ -33,6 +34,8 @@ __all__ = ["LoadPath", "LoadReport", "Materialized"]
 log = get_logger(__name__)
 
 _States = dict[tuple[int, int], StoredState]
+# Upper bounds (seconds) of the |measured - predicted| TTFT histogram.
+TTFT_ERROR_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 @define(frozen=True)
@@ -61,6 +64,7 @@ class LoadReport:
     reason: str = ""
     corrupt: bool = False
     timeout: bool = False
+    measured_ttft_ms: float | None = None  # the engine's measured time to first token, vs plan.predicted.ttft_ms
 
 
 class LoadPath:
@@ -76,6 +80,8 @@ class LoadPath:
         self.health = health
         self.writes = writes
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="nexuskv-load")
+        self.counts = Tally()  # reports ok / failed, link_bytes / link_transfers per link, TTFT sums (metrics)
+        self.ttft_error = Buckets(TTFT_ERROR_BUCKETS_S)  # |measured - predicted| TTFT of reports that measured it
 
     def materialize(self, plan: Plan, request: Request, *, keys: Sequence[bytes] | None = None,
                     timeout_ms: float | None = None) -> Materialized:  # fmt: skip
@@ -154,16 +160,15 @@ class LoadPath:
                    span: PlanSpan) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
         got: _States = {}
         tier, transport = span.tier, span.transport
-        links = self.hierarchy.cost.links  # measuring: a whole span, as the planner prices it, is one sample
-        started = time.perf_counter() if links is not None else 0.0
+        started = time.perf_counter()  # measuring: a whole span, as the planner prices it, is one sample
         for b, g in jobs:
             st = self.hierarchy.load(keys[b], g, tier=tier, transport=transport)
             if st is None:
                 return got, (b, f"block {b} group {g} missing or corrupt in {tier}")
             got[(b, g)] = st
-        if links is not None and jobs:
+        if jobs:
             nbytes = sum(len(st.payload) for st in got.values())
-            links.observe(tier if transport == "local" else transport, nbytes, time.perf_counter() - started)
+            self._transferred(tier if transport == "local" else transport, nbytes, time.perf_counter() - started)
         return got, None
 
     def _load_peer(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], span: PlanSpan,
@@ -178,10 +183,17 @@ class LoadPath:
             if st is None:
                 return got, (b, f"block {b} group {g} missing or corrupt on node {span.node} ({span.tier})")
             got[(b, g)] = st
-        links = self.hierarchy.cost.links
-        if links is not None and got:
-            links.observe(peer_link(span.node), sum(len(st.payload) for st in got.values()), elapsed)
+        if got:
+            self._transferred(peer_link(span.node), sum(len(st.payload) for st in got.values()), elapsed)
         return got, None
+
+    def _transferred(self, link: str, nbytes: int, elapsed: float) -> None:
+        """Count a span read over `link` and feed its link estimate (when links are measured)."""
+        self.counts.add(("link_bytes", link), nbytes)
+        self.counts.add(("link_transfers", link))
+        links = self.hierarchy.cost.links
+        if links is not None:
+            links.observe(link, nbytes, elapsed)
 
     def _source(self, span: PlanSpan) -> str:
         """What a span's failures count against: `peer:<node>` for a span fetched from a peer, else its tier."""
@@ -203,6 +215,7 @@ class LoadPath:
         corrupt data opens it at once) and corrupt data is quarantined so no later plan uses it.
         """
         sources = {self._source(s) for s in plan.spans}  # a peer's span is judged by the link to that peer
+        self._count_report(plan, report)
         if report.ok:
             for src in sources:
                 self.health.breaker(src).success()
@@ -225,6 +238,15 @@ class LoadPath:
         log.warning("load failed; recompute from the last good block", request_id=plan.request_id,
                     tenant=plan.tenant, tier=tier, block=block, reason=report.reason)  # fmt: skip
         return min(plan.tokens_reused, block * self.keys.page_size)
+
+    def _count_report(self, plan: Plan, report: LoadReport) -> None:
+        self.counts.add("reports_ok" if report.ok else "reports_failed")
+        measured = report.measured_ttft_ms
+        if measured is not None and measured >= 0:
+            predicted = plan.predicted.ttft_ms
+            self.counts.add("ttft_measured_us", round(measured * 1e3))  # exact sums: integer microseconds
+            self.counts.add("ttft_predicted_us", round(predicted * 1e3))
+            self.ttft_error.observe(abs(measured - predicted) / 1e3)
 
     def close(self) -> None:
         """Stop the loader pool (queued loads are cancelled)."""

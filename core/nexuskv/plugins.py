@@ -2,8 +2,9 @@
 
 Builtins register like any plugin. Separately installed distributions are found in the `nexuskv` entry-point
 group; `NEXUSKV_PLUGINS` (comma-separated allow list of entry-point names) and `NEXUSKV_DISABLE_PLUGINS`
-(block list, builtins included) decide what loads. A plugin that fails to import or register, or a registrar
-that raises, is reported in `problems` and skipped: the kernel still starts.
+(block list, builtins included) decide what loads; a name in either that no plugin has is reported. A plugin
+that fails to import or register, or a registrar that raises, is reported in `problems` and skipped: the kernel
+still starts.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class PluginProblem:
     """A plugin that could not be used, and why."""
 
     plugin: str
-    stage: str  # "load", "register", "allow-list", or the hook name that failed
+    stage: str  # "load", "register", "allow-list", "block-list", or the hook name that failed
     message: str
 
 
@@ -82,6 +83,7 @@ class PluginManager:
                 self._register(name, lambda m=module: importlib.import_module(m), ("builtin", _kernel_version()))
         if entry_points:
             self._load_entry_points(allow, deny)
+        self._unknown_denied(deny)
 
     # ---------------------------------------------------------------- loading
 
@@ -121,6 +123,13 @@ class PluginManager:
             self._register(ep.name, ep.load, source)
         for name in sorted((allow or set()) - found - set(BUILTINS)):
             self._problem(name, "allow-list", f"plugin {name!r} is named in {ALLOW_ENV} but is not installed")
+
+    def _unknown_denied(self, deny: set[str]) -> None:
+        """A block-list name no builtin and no installed plugin has (a typo blocks nothing): a problem, as for allow."""
+        known = set(BUILTINS) | {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        for name in sorted(deny - known):
+            self._problem(name, "block-list", f"plugin {name!r} is named in {DENY_ENV} (or a config's disable_plugins)"
+                          f" but no such plugin exists (known: {', '.join(sorted(known))})")  # fmt: skip
 
     def register(self, plugin: object, name: str) -> None:
         """Register a plugin object at run time (tests, embedding applications)."""
@@ -210,6 +219,15 @@ class PluginManager:
     def control_plane(self, config: Mapping[str, Any] | None = None) -> Any:
         """The control plane the first answering plugin provides."""
         return self.first("nexuskv_control_plane", config=dict(config or {}))
+
+    def metrics_registry(self, kernel: Any) -> Any:
+        """The registry a plugin wants the kernel's metrics added to (None when no plugin answers)."""
+        if not self.pm.hook.nexuskv_metrics_registry.get_hookimpls():
+            return None
+        try:
+            return self.first("nexuskv_metrics_registry", kernel=kernel)
+        except PluginError:  # every plugin passed or failed (failures are in `problems`)
+            return None
 
     def observe_decision(self, decision: Mapping[str, Any]) -> None:
         """Hand a decision record to every observer."""
