@@ -176,3 +176,28 @@ def test_policy_explain_a_route_rule(tmp_path):
     assert res.exit_code == 0, res.output
     assert "rule trusted-nodes-only [exclude]: FIRED" in res.output
     assert "allowed=False, weight=2.0, deciding=['trusted-nodes-only', 'prefer-idle']" in res.output
+
+
+def test_policy_explain_input_is_inline_json_or_a_file(tmp_path):
+    """The README shows `--input '{...}'`; a file works too, and either failing is one precise line."""
+    chat = str(Path(__file__).resolve().parents[1] / "policies" / "tenants" / "chat.toml")
+    inline = '{"kind": "admit", "state": {"namespace": {"tenant": "chat", "scope": "tmp-1"}}}'
+    f = tmp_path / "in.json"
+    f.write_text(inline)
+    outputs = []
+    for value in (inline, f"  {inline}", str(f)):
+        res = CliRunner().invoke(cli, ["--log-level", "warning", "policy", "explain", chat, "--input", value])
+        assert res.exit_code == 0, res.output
+        assert "rule no-tmp-sessions [deny]: FIRED" in res.output
+        outputs.append([ln for ln in res.output.splitlines() if ln.startswith("verdict: ")])
+    assert outputs[0] == outputs[1] == outputs[2] and "allowed=False" in outputs[0][0]
+    for value, message in (
+        ('{"kind": "admit",}', "Error: --input: inline JSON, line 1 column 18: Expecting property name enclosed in "
+                               "double quotes (a value starting with '{' is read as JSON, anything else as a file)"),
+        (str(tmp_path / "nope.json"), f"Error: --input {tmp_path / 'nope.json'}: no such file (the input is a JSON "
+                                      "file, or inline JSON starting with '{')"),
+        ("[1, 2]", "Error: --input [1, 2]: no such file (the input is a JSON file, or inline JSON starting with '{')"),
+        (str(tmp_path), f"Error: {tmp_path}: cannot read it: Is a directory"),
+    ):
+        res = CliRunner().invoke(cli, ["--log-level", "warning", "policy", "explain", chat, "--input", value])
+        assert res.exit_code == 1 and res.output == message + "\n", res.output

@@ -76,3 +76,41 @@ def test_checksum_algorithm_is_validated():
     assert KernelConfig.from_mapping({"checksum": "blake2b-128"}).checksum == "blake2b-128"
     with pytest.raises(ConfigError, match="checksum"):
         KernelConfig.from_mapping({"checksum": "md5"}, origin="k.toml")
+
+
+def test_a_config_in_another_directory_works_from_anywhere(tmp_path, monkeypatch):
+    """A new user's layout: the config and its policies in a deploy folder, the process started somewhere else."""
+    from nexuskv import Kernel
+    from tests.conftest import SECRET
+
+    conf = tmp_path / "deploy" / "conf"
+    (conf / "policies").mkdir(parents=True)
+    (conf / "policies" / "default.toml").write_text('name = "default"\nmin_gain_ms = 7.0\n')
+    (conf / "kernel.toml").write_text('policies = "policies"\ndecision_file = "log/decisions.jsonl"\n'
+                                      '[tiers.dram]\nstore = "dram"\n[tiers.shm]\nstore = "shm"\nshm_dir = "shm"\n'
+                                      'namespace = "x"\n')  # fmt: skip
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    cfg = KernelConfig.from_toml("../deploy/conf/kernel.toml")
+    assert cfg.policies == str(conf / "policies") and cfg.decision_file == str(conf / "log" / "decisions.jsonl")
+    assert cfg.tiers["shm"] == {"store": "shm", "shm_dir": str(conf / "shm"), "namespace": "x"}  # a path option
+    (conf / "kernel.toml").write_text('policies = "policies"\n')
+    with Kernel.from_config("../deploy/conf/kernel.toml", secret=SECRET) as k:
+        monkeypatch.chdir(tmp_path)  # absolute: a process that changes directory later still finds them
+        got = k.reload_policies()
+        assert got.ok and got.problems == ()  # read again from the config's directory, not from here
+        assert k.policies is not None and k.policies.for_tenant("acme").min_gain_ms == 7.0
+    base = KernelConfig.from_mapping({"policies": "policies"}, origin="k.toml", relative_to=conf)  # a file's mapping
+    assert base.policies == str(conf / "policies")
+    assert KernelConfig.from_mapping({"policies": "policies"}).policies == "policies"  # no file: as given
+
+
+@pytest.mark.parametrize("key", ["decision_inputs", "transports", "plugins", "disable_plugins"])
+def test_a_string_where_a_list_of_strings_is_expected_is_an_error_not_its_characters(tmp_path, key):
+    p = tmp_path / "k.toml"
+    p.write_text(f'{key} = "chat"\n')
+    with pytest.raises(ConfigError) as info:
+        KernelConfig.from_toml(p)
+    assert str(info.value) == f'{p}: {key}: expected a list of strings, got a string "chat" (write {key} = ["chat"])'
+    p.write_text(f'{key} = ["chat"]\n')
+    assert getattr(KernelConfig.from_toml(p), key) == ("chat",)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import attrs
 import pytest
 
 from nexuskv import BlockKeyer, ConfigError, DictIndex, KernelConfig, Location, slot_of
 from nexuskv.builtins.embedded import EmbeddedControlPlane
-from nexuskv.contracts import Placement, StateDescriptor, TokenSpan, Usage
+from nexuskv.contracts import LinkCost, Placement, StateDescriptor, TokenSpan, Usage, to_dict
 from nexuskv.control import Membership
-from nexuskv.cost import CostModel
+from nexuskv.cost import CostModel, default_profile, load_profile
 from nexuskv.health import Health
 from nexuskv.hierarchy import Hierarchy
 from nexuskv.identity import checksum
@@ -25,7 +27,8 @@ def build():
         config = KernelConfig(node="n1", tiers=tiers, **cfg)
         membership = Membership(EmbeddedControlPlane(), "n1", 10.0)
         pm = PluginManager({}, entry_points=False)
-        h = Hierarchy(config, (pm.tier_stores(), pm.transports()), DictIndex(), CostModel(), Health(), membership)
+        cost = CostModel(load_profile(config.profile) if config.profile else None)
+        h = Hierarchy(config, (pm.tier_stores(), pm.transports()), DictIndex(), cost, Health(), membership)
         made.append((h, membership))
         return h
 
@@ -43,16 +46,43 @@ def descriptor(h: Hierarchy, key: bytes, payload: bytes, tier: str, block: int =
                            usage=Usage())  # fmt: skip
 
 
+def shaped_profile(tmp_path) -> str:
+    """The default profile, plus a cost for a tier named `shaped`."""
+    prof = default_profile()
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(to_dict(attrs.evolve(prof, tiers={**prof.tiers, "shaped": LinkCost(5e7, 1.0)}))))
+    return str(path)
+
+
 def keys(n: int) -> list[bytes]:
     return BlockKeyer(SECRET, 16).request_keys(make_request(range(16 * n)))
 
 
-def test_tiers_are_ordered_fastest_first_and_tiers_without_a_cost_are_left_out(build):
-    h = build({"slow": {"store": "dram"}, "disk": {"store": "dram"}, "dram": {"store": "dram"},
-               "redis": {"store": "dram"}})  # fmt: skip
-    assert h.tier_order == ("dram", "disk", "redis")  # by the profile's bandwidth; "slow" has no cost
-    assert set(h.tiers) == {"slow", "disk", "dram", "redis"} and h.fastest == "dram"
+def test_tiers_are_ordered_fastest_first(build):
+    h = build({"redis": {"store": "dram"}, "disk": {"store": "dram"}, "dram": {"store": "dram"}})
+    assert h.tier_order == ("dram", "disk", "redis")  # by the profile's bandwidth
+    assert set(h.tiers) == {"disk", "dram", "redis"} and h.fastest == "dram"
     assert set(h.transports) == {"local"}
+
+
+def test_a_tier_the_cost_profile_has_no_cost_for_is_refused_with_the_fix(tmp_path):
+    """It would store blocks that no plan ever reads (and no demotion reaches): refused when the tiers are built."""
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(to_dict(default_profile())))
+    membership = Membership(EmbeddedControlPlane(), "n1", 10.0)
+    pm = PluginManager({}, entry_points=False)
+    try:
+        for cfg, which in ((KernelConfig(tiers={"dram": {}, "nvme": {"store": "dram"}}), "`profile` is not set"),
+                           (KernelConfig(tiers={"nvme": {"store": "dram"}}, profile=str(profile)), str(profile))):
+            with pytest.raises(ConfigError) as info:
+                Hierarchy(cfg, (pm.tier_stores(), pm.transports()), DictIndex(), CostModel(), Health(), membership)
+            assert str(info.value).startswith("tiers.nvme: the cost profile 'default-cpu-tiny-llama' (")
+            assert which in str(info.value)
+            assert ('add "nvme": {"bandwidth_bytes_per_s": ..., "latency_ms": ...} to the profile\'s "tiers"'
+                    in str(info.value))  # fmt: skip
+            assert str(info.value).endswith("or use a tier name the profile prices (disk, dram, redis, shm)")
+    finally:
+        membership.close()
 
 
 @pytest.mark.parametrize(("tiers", "fragment"), [
@@ -181,8 +211,8 @@ def test_a_transport_that_reaches_other_nodes_cannot_come_first(build):
         membership.close()
 
 
-def test_priority_for_keeps_a_rules_priority_and_prices_the_default_once(build):
-    h = build({"dram": {"store": "dram"}, "shaped": {"store": "shaped-link"}})
+def test_priority_for_keeps_a_rules_priority_and_prices_the_default_once(build, tmp_path):
+    h = build({"dram": {"store": "dram"}, "shaped": {"store": "shaped-link"}}, profile=shaped_profile(tmp_path))
     d = descriptor(h, keys(1)[0], b"x" * 100, "dram")
     assert h.priority_for(d, 7.5) == (7.5, None)  # a place rule's priority, as given
     prio, value = h.priority_for(d)  # the DRAM store counts reads: it takes the value and adds its own floor

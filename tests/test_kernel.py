@@ -110,10 +110,10 @@ def test_session_chain_matches_request_keys(kernel):
 def test_from_config_toml(tmp_path):
     p = tmp_path / "k.toml"
     p.write_text('node = "edge-1"\npage_size = 32\nsecret = "' + "ab" * 16 + '"\n'
-                 '[tiers.hot]\nstore = "dram"\ncapacity_bytes = "2MiB"\n')
+                 '[tiers.disk]\nstore = "dram"\ncapacity_bytes = "2MiB"\n')  # a tier named by the profile
     with Kernel.from_config(p) as k:
         assert k.node == "edge-1" and k.keyer.page_size == 32
-        assert k.tiers["hot"].capacity_bytes == 2 << 20 and k.tiers["hot"].name == "hot"
+        assert k.tiers["disk"].capacity_bytes == 2 << 20 and k.tiers["disk"].name == "disk"
 
 
 @pytest.mark.parametrize(
@@ -126,6 +126,8 @@ def test_from_config_toml(tmp_path):
         ("[tiers.hot]\nstore = 'dram'\ncapacity_bytes = 'lots'\n", "tiers.hot.capacity_bytes"),
         ("[tiers.hot]\nstore = 'dram'\nspeed = 3\n", "tiers.hot"),
         ("transports = ['rdma']\n", "no transport plugin named ['rdma']"),
+        ("[tiers.hot]\nstore = 'dram'\n", "k.toml: tiers.hot: the cost profile 'default-cpu-tiny-llama' (the built-in "
+                                          "default: `profile` is not set) has no cost for this tier"),
     ],
 )
 def test_bad_config_is_a_precise_error(tmp_path, text, fragment):
@@ -649,16 +651,16 @@ def test_one_commit_is_admitted_and_placed_by_one_revision_even_when_a_reload_la
         (root / "default.toml").write_text(f'name = "default"\n[[place]]\nname = "to-{tier}"\nwhen = "true"\n'
                                            f'tier = "{tier}"\n')  # fmt: skip
 
-    place_in("fast")
-    cfg = KernelConfig(node="n1", policies=str(root), tiers={"fast": {"store": "dram", "capacity_bytes": "4MiB"},
-                                                              "slow": {"store": "dram", "capacity_bytes": "4MiB"}})
+    place_in("dram")
+    cfg = KernelConfig(node="n1", policies=str(root), tiers={"dram": {"store": "dram", "capacity_bytes": "4MiB"},
+                                                              "disk": {"store": "dram", "capacity_bytes": "4MiB"}})
     with Kernel(cfg, secret=SECRET) as k:
         real, stored = k.hierarchy.store, []
 
         def store(desc, *a, **kw):
             stored.append(desc.placement.tier)
             if len(stored) == 2:  # a deploy lands while the writer is in the middle of this commit
-                place_in("slow")
+                place_in("disk")
                 assert k.reload_policies().applied
             return real(desc, *a, **kw)
 
@@ -669,4 +671,4 @@ def test_one_commit_is_admitted_and_placed_by_one_revision_even_when_a_reload_la
         second = make_request(range(1000, 1000 + 16 * 3))
         k.commit(second, [bytes(256)] * 3)
         assert k.flush(5)
-        assert stored == ["fast"] * 6 + ["slow"] * 3  # the commit made before the reload is placed by its revision
+        assert stored == ["dram"] * 6 + ["disk"] * 3  # the commit made before the reload is placed by its revision

@@ -103,6 +103,20 @@ def test_block_list_applies_to_builtins_and_entry_points(site):
     pm = PluginManager(env={"NEXUSKV_DISABLE_PLUGINS": "null,dram"})
     names = {i.name for i in pm.info()}
     assert "null" not in names and "dram" not in names and "local" in names
+    assert pm.problems == []  # both names are known: nothing to report
+
+
+def test_an_unknown_name_in_the_block_list_is_a_problem_listing_the_known_names(site):
+    """A typo (`dram-store` for `dram`) would otherwise block nothing, silently; reported like the allow list's."""
+    install_dist(site, "nexuskv-null", {"null": GOOD})
+    for entry_points in (True, False):
+        pm = PluginManager(env={"NEXUSKV_DISABLE_PLUGINS": "null, dram-store"}, entry_points=entry_points)
+        assert [(p.plugin, p.stage) for p in pm.problems] == [("dram-store", "block-list")]
+        message = pm.problems[0].message
+        assert message.startswith("plugin 'dram-store' is named in NEXUSKV_DISABLE_PLUGINS (or a config's "
+                                  "disable_plugins) but no such plugin exists (known: ")  # fmt: skip
+        assert "dram, " in message and "null, " in message and "local" in message
+        assert "dram" in {i.name for i in pm.info()}  # the typo blocked nothing
 
 
 def test_registrar_that_raises_is_reported_and_others_still_register():

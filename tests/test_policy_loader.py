@@ -168,9 +168,9 @@ def test_missing_parent(tmp_path):
 
 
 def test_two_files_defining_the_same_policy(tmp_path):
-    p = one(tmp_path, {"default.toml": "", "tenants/a.toml": 'name = "x"\n', "tenants/b.toml": '# b\nname = "x"\n'})
-    assert at(p) == ("b.toml", "", 2, 1)
-    assert p.message == f"policy 'x' is also defined in {tmp_path / 'tenants' / 'a.toml'}"
+    p = one(tmp_path, {"default.toml": "", "x.toml": 'name = "x"\n', "tenants/x.toml": '# b\nname = "x"\n'})
+    assert at(p) == ("x.toml", "", 2, 1) and Path(p.file) == tmp_path / "tenants" / "x.toml"
+    assert p.message == f"policy 'x' is also defined in {tmp_path / 'x.toml'}"
 
 
 def test_a_tenant_file_named_default_clashes_with_the_default(tmp_path):
@@ -646,3 +646,19 @@ def test_remembered_expressions_are_keyed_by_every_refinement_of_a_plugin_functi
     assert Policies.check(root, bounded) == []
     (p,) = Policies.check(root, unbounded)  # not the bounded one's compiled expression from the cache
     assert "exceeds the limit" in p.message and p.rule == "r"
+
+
+def test_a_name_that_differs_from_the_file_name_is_a_located_problem(tmp_path):
+    """Loaded under the other name, the file would never apply to the tenant it is named for."""
+    write(tmp_path, {"default.toml": 'name = "default"\n',
+                     "tenants/acme.toml": '# ACME\nmin_gain_ms = 1.0\n  name = "acme-corp"\n'})  # fmt: skip
+    problems = Policies.check(tmp_path)
+    assert [str(p) for p in problems] == [
+        f'{tmp_path / "tenants" / "acme.toml"}:3:3: name "acme-corp" differs from the file name "acme", so this '
+        'policy would never apply as "acme": rename the file to acme-corp.toml, or set name = "acme" '
+        "(or leave name out)"
+    ]
+    with pytest.raises(PolicyError, match="differs from the file name"):
+        Policies.load(tmp_path)
+    (tmp_path / "tenants" / "acme.toml").write_text('name = "acme"\nmin_gain_ms = 1.0\n')
+    assert Policies.load(tmp_path).for_tenant("acme").min_gain_ms == 1.0

@@ -84,10 +84,11 @@ def test_passing_and_failing_cases(tmp_path, policies):
     """)
     assert [(r.name, r.passed) for r in results] == [("pass", True), ("fail", False)]
     assert results[0].failures == () and results[0].verdict is not None
+    why = f"decided by rule big ({tmp_path / 'policies' / 'default.toml'}:3)"  # the rule's `name` line
     assert results[1].failures == (
-        "allowed: expected True, got False",
-        "deciding: expected [], got ['big']",
-        "errors: expected ['nope'], got ['broken']",
+        f"allowed: expected True, got False; {why}",
+        f"deciding: expected [], got ['big']; {why}",
+        f"errors: expected ['nope'], got ['broken']; {why}",
     )
     assert results[1].file == str(tmp_path / "t_test.toml")
 
@@ -107,7 +108,8 @@ def test_counts_for_warnings_audits_errors_and_messages(tmp_path, policies):
         expect = { warnings = 2, errors = 0 }
     """)
     assert results[0].passed, results[0].failures
-    assert results[1].failures == ("warnings: expected 2, got 1", "errors: expected 0, got 1")
+    why = "no rule decided (fired: mid, watch): default allowed"
+    assert results[1].failures == (f"warnings: expected 2, got 1; {why}", f"errors: expected 0, got 1; {why}")
 
 
 def test_placement_expectations(tmp_path, policies):
@@ -131,8 +133,9 @@ def test_placement_expectations(tmp_path, policies):
         expect = { tier = "dram" }
     """)
     assert results[0].passed, results[0].failures
-    assert results[1].failures == ("tier: expected 'disk', got 'dram'",)
-    assert results[2].failures == ("tier: expected 'dram', got None",)
+    assert results[1].failures == (f"tier: expected 'disk', got 'dram'; decided by rule hot "
+                                   f"({tmp_path / 'policies' / 'default.toml'}:23)",)  # fmt: skip
+    assert results[2].failures == ("tier: expected 'dram', got None; no rule matched: default allowed",)
 
 
 def test_unknown_case_keys(tmp_path, policies):
@@ -259,3 +262,39 @@ def test_what_a_kind_needs_is_completed(tmp_path, policies):
     act = build_activation({"match": {"tokens": 5, "tier": "disk"}, "tier": "dram"}, "reuse")
     assert act["tier"] == "dram"
     assert "state" in build_activation({}, "place") and "state" not in build_activation({}, None)
+
+
+def test_a_failed_case_names_the_deciding_rules_with_file_and_line_or_the_default(tmp_path):
+    """`allowed: expected True, got False` alone leaves the author guessing which rule, inherited or not, decided."""
+    root = tmp_path / "policies"
+    (root / "tenants").mkdir(parents=True)
+    (root / "default.toml").write_text('default_tier = "disk"\n\n[[admit]]\nname = "big"\n'
+                                       'when = "state.nbytes > 100"\n')  # fmt: skip
+    (root / "tenants" / "acme.toml").write_text('[[admit]]\nname = "tmp"\nwhen = \'state.namespace.scope == "tmp"\'\n')
+    results = run(tmp_path, Policies.load(root), """
+        [[case]]
+        name = "both deny"
+        policy = "acme"
+        kind = "admit"
+        input = { state = { nbytes = 500, namespace = { tenant = "acme", scope = "tmp" } } }
+        expect.allowed = true
+
+        [[case]]
+        name = "nothing fires"
+        policy = "acme"
+        kind = "admit"
+        input = { state = { nbytes = 5 } }
+        expect.allowed = false
+
+        [[case]]
+        name = "the default tier"
+        policy = "acme"
+        kind = "place"
+        expect.tier = "dram"
+    """)
+    assert [r.failures for r in results] == [
+        (f"allowed: expected True, got False; decided by rules tmp ({root / 'tenants' / 'acme.toml'}:2), "
+         f"big ({root / 'default.toml'}:4)",),
+        ("allowed: expected False, got True; no rule matched: default allowed",),
+        ("tier: expected 'dram', got 'disk'; no rule matched: default tier 'disk'",),
+    ]

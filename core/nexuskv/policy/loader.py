@@ -139,6 +139,11 @@ def _parse_uncached(text: str, name: str, stem: str) -> tuple[PolicyFile | None,
         return None, problems, text
     if not model.name:
         model = attrs.evolve(model, name=stem)
+    elif model.name != stem:  # loaded under the other name, it would never apply to the tenant the file is named for
+        line, col = _line_of_key(text, "name")
+        return None, [PolicyProblem(name, f'name "{model.name}" differs from the file name "{stem}", so this policy '
+                                    f'would never apply as "{stem}": rename the file to {model.name}.toml, or set '
+                                    f'name = "{stem}" (or leave name out)', line=line, column=col)], text  # fmt: skip
     return model, [], text
 
 

@@ -18,6 +18,7 @@ from attrs import define
 
 from nexuskv.contracts import Predicted, Request, StateDescriptor, from_dict
 from nexuskv.errors import ContractError
+from nexuskv.policy.compiler import _locate
 from nexuskv.policy.loader import Policies
 from nexuskv.policy.model import Candidate, RouteTarget
 from nexuskv.policy.policyset import PolicySet
@@ -205,4 +206,36 @@ def _run_case(
     if observe is not None:
         observe(ps, str(case.get("kind", "")), act)
     failures = _check(verdict, case.get("expect", {}))
+    if failures:  # which rule decided (where), or what the default was: a failure says why, not only what
+        why = _why(ps, str(case.get("kind", "")), verdict)
+        failures = [f"{f}; {why}" for f in failures]
     return CaseResult(file, name, not failures, tuple(failures), verdict)
+
+
+_DEFAULTS = {"admit": "allowed", "reuse": "allowed, no cap", "share": "denied (no share rule grants it)",
+             "route": "node kept, unweighted"}  # fmt: skip
+
+
+def _why(ps: PolicySet, kind: str, verdict: Verdict) -> str:
+    """`decided by rule R (file:line)`, or `no rule matched: default ...` for a failed case's message."""
+    if not verdict.deciding:
+        default = f"tier {ps.default_tier!r}" if kind == "place" else _DEFAULTS.get(kind, "")
+        head = f"no rule decided (fired: {', '.join(verdict.fired)})" if verdict.fired else "no rule matched"
+        return f"{head}: default {default}"
+    rules = {r.name: r for r in ps.rules.get(kind, ())}
+    texts: dict[str, str | None] = {}
+    named = []
+    for rule_name in verdict.deciding:
+        rule = rules.get(rule_name)
+        if rule is None:
+            named.append(rule_name)
+            continue
+        if rule.file not in texts:
+            try:
+                texts[rule.file] = Path(rule.file).read_text()
+            except (OSError, UnicodeDecodeError):  # a bundle's file: no line then
+                texts[rule.file] = None
+        text = texts[rule.file]
+        line = _locate(text, (kind, rule_name, None, None, 0))[0] if text is not None else None
+        named.append(f"{rule_name} ({rule.file}{f':{line}' if line is not None else ''})")
+    return f"decided by rule{'s' if len(named) > 1 else ''} {', '.join(named)}"

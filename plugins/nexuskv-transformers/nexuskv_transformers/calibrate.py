@@ -8,33 +8,38 @@ out and the mean relative error on it is reported. Tier costs are measured throu
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
+import json
 import platform
 import statistics
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from attrs import define, field
+from attrs import define, evolve, field
 
 from nexuskv import (
     Calibration,
     CodecCost,
     CostProfile,
+    KernelConfig,
     LinkCost,
     Plan,
     PlanSpan,
     PrefillCost,
     to_dict,
 )
+from nexuskv.cost import default_profile, load_profile
 from nexuskv_transformers.connector import TransformersConnector
 from nexuskv_transformers.engine import Engine
 
-__all__ = ["CalibrationReport", "PrefillSample", "calibrate", "fit_link", "fit_prefill", "plot"]
+__all__ = ["CalibrationReport", "PrefillSample", "calibrate", "fit_link", "fit_prefill", "measurable", "plot"]
 
 FIT_LENGTHS = (64, 128, 256, 512, 768, 1024, 1536, 2048)
 HELDOUT_LENGTHS = (96, 192, 384, 640, 896, 1280, 1792)
@@ -205,6 +210,27 @@ def measure_tiers(connector: TransformersConnector, *, blocks: Sequence[int] = (
                     progress()
         tiers[tier] = [(k * page * ref.kv_bytes_per_token(), statistics.median(v)) for k, v in samples.items()]
     return tiers, mount
+
+
+@contextlib.contextmanager
+def measurable(config: KernelConfig) -> Iterator[KernelConfig]:
+    """`config`, with a provisional cost for every tier its profile does not price yet, for the calibrating kernel.
+
+    A kernel refuses a tier its cost profile has no cost for (docs/tiers.md#tier-costs), and measuring such a
+    tier is what calibration is for. It reads every tier through explicit plans, so the provisional figure (the
+    one `nexuskv.links` assumes for an unknown link) prices nothing it measures.
+    """
+    base = load_profile(config.profile) if config.profile else default_profile()
+    missing = [t for t in config.tiers if t not in base.tiers]
+    if not missing:
+        yield config
+        return
+    provisional = LinkCost(bandwidth_bytes_per_s=1e9, latency_ms=0.1)
+    profile = evolve(base, tiers={**base.tiers, **dict.fromkeys(missing, provisional)})
+    with tempfile.TemporaryDirectory(prefix="nexuskv-calibrate-") as tmp:
+        path = Path(tmp) / "provisional-profile.json"
+        path.write_text(json.dumps(to_dict(profile)))
+        yield evolve(config, profile=str(path))
 
 
 def calibrate(

@@ -19,7 +19,7 @@ import torch
 from attrs import define, field
 
 from nexuskv import Kernel, KernelConfig, PlanAction
-from nexuskv_transformers.calibrate import CalibrationReport, calibrate, save
+from nexuskv_transformers.calibrate import CalibrationReport, calibrate, measurable, save
 from nexuskv_transformers.connector import MODES, Outcome, TransformersConnector
 from nexuskv_transformers.models import ReferenceModel, build_model
 from nexuskv_transformers.workload import PHASES, SHARED_PHASES, Item, demo_workload
@@ -166,8 +166,8 @@ def run_demo(*, quick: bool = True, out: Any = None, show_requests: bool = True)
     model = build_model("dense", size="demo")
     with tempfile.TemporaryDirectory() as tmp:
         echo("== 2. Calibration on this machine (prefill over lengths and cut points, tier reads)")
-        with Kernel(demo_config(None), secret=SECRET) as k, tqdm(total=None, desc="calibrating", unit="step",
-                                                                  file=sys.stderr, leave=False) as bar:  # fmt: skip
+        with measurable(demo_config(None)) as cfg, Kernel(cfg, secret=SECRET) as k, \
+                tqdm(total=None, desc="calibrating", unit="step", file=sys.stderr, leave=False) as bar:  # fmt: skip
             report: CalibrationReport = calibrate(TransformersConnector(k, model), quick=quick,
                                                   progress=lambda: bar.update(1),
                                                   command="nexuskv engine-demo (quick calibration)")  # fmt: skip

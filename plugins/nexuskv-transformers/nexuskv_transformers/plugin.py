@@ -45,7 +45,7 @@ def calibrate_command(engine: str, kind: str, size: str, config_path: str | None
     from tqdm import tqdm
 
     from nexuskv import Kernel, KernelConfig
-    from nexuskv_transformers.calibrate import calibrate, plot, save
+    from nexuskv_transformers.calibrate import calibrate, measurable, plot, save
     from nexuskv_transformers.connector import TransformersConnector
     from nexuskv_transformers.demo import SECRET, demo_config
     from nexuskv_transformers.models import build_model
@@ -53,7 +53,8 @@ def calibrate_command(engine: str, kind: str, size: str, config_path: str | None
     torch.set_grad_enabled(False)
     cfg = KernelConfig.from_toml(config_path) if config_path else demo_config(None)
     command = f"nexuskv calibrate --engine {engine} --model {kind} --size {size}" + (" --quick" if quick else "")
-    with Kernel(cfg, secret=SECRET) as k, tqdm(desc="calibrating", unit="step", leave=False) as bar:
+    with measurable(cfg) as cfg, Kernel(cfg, secret=SECRET) as k, tqdm(desc="calibrating", unit="step",
+                                                                        leave=False) as bar:  # fmt: skip
         report = calibrate(TransformersConnector(k, build_model(kind, size=size)), quick=quick,
                            progress=lambda: bar.update(1), command=command)  # fmt: skip
     save(report, out)

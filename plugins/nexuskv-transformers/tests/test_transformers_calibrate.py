@@ -17,6 +17,7 @@ from nexuskv_transformers.calibrate import (
     fit_link,
     fit_prefill,
     heldout_error,
+    measurable,
     plot,
     save,
 )
@@ -62,7 +63,7 @@ def test_a_real_calibration_writes_a_valid_profile_and_plot(tmp_path):
     cfg = KernelConfig(node="n1", tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"},
                                          "remote": {"store": "shaped-link", "capacity_bytes": "64MiB",
                                                     "bandwidth_bytes_per_s": 50e6, "latency_ms": 0.5}})  # fmt: skip
-    with Kernel(cfg, secret=SECRET) as k:
+    with measurable(cfg) as cfg, Kernel(cfg, secret=SECRET) as k:  # "remote" has no cost yet: measuring it
         report = calibrate(TransformersConnector(k, ref), repeats=1, lengths=((32, 64, 128), (48, 96)),
                            blocks=(1, 2, 4))  # fmt: skip
     prof = report.profile
