@@ -1,0 +1,7 @@
+"""NexusKV on Mooncake Store: a tier store (`store = "mooncake"` in `[tiers.<name>]`)."""
+
+from __future__ import annotations
+
+from nexuskv_tier_mooncake.store import MooncakeStore, MooncakeTierError
+
+__all__ = ["MooncakeStore", "MooncakeTierError"]
