@@ -1,0 +1,182 @@
+"""The sidecar's plan over HTTP on loopback: p99 round trip of a 4k-token request, and plans per second.
+
+Run: `.venv/bin/python bench/sidecar.py` (about a minute). The sidecar (`nexuskv-sidecar`: uvicorn + httptools +
+uvloop, one process) serves a real kernel in this process: the shipped policies (tenant `chat`), a DRAM tier holding
+every block of the probe request (real payloads) and an index of 10^5 other blocks; decision logging stays on (JSON
+lines rendered into a memory stream), so the figures include it. The callers are the Rust client (`clients/rust`,
+built here with rustc; std only, one keep-alive connection per thread) in another process, so the load generator
+does not share this process's GIL; without rustc, a Python caller (`bench/_sidecar_load.py`) in another process.
+
+1. Latency: one connection, 3 passes of 2,000 sequential plans of the 4,096-token request (a 26 KB JSON body: the
+   token ids travel with each request, and the sidecar computes the block keys). p99 is the median over passes
+   of each pass's p99, HTTP round trip included. Beside it, the same plan in this process without HTTP (the
+   baseline: what the HTTP layer adds).
+2. Throughput: 4 connections planning flat out for 3 passes of 1,500 plans each; plans/s = answered plans / wall
+   time, median over passes. Then, for scale only (no goal), one pass each with 1,024- and 256-token requests
+   (their blocks held too), and where a 4k plan's time goes inside the server (parse and check vs plan).
+Plans the kernel answered by failing open (`fail-open: ...` reasons: a deadline passed under load) and calls the
+client answered itself (sidecar unreachable / timed out) are counted and printed, never timed and never counted
+as plans per second.
+"""
+
+from __future__ import annotations
+
+import array
+import io
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_speed, result
+from nexuskv import (
+    Kernel,
+    KernelConfig,
+    Layout,
+    Location,
+    ModelIdentity,
+    Request,
+    StateGroup,
+    TokenizerIdentity,
+    from_json,
+    to_dict,
+)
+from nexuskv.logs import configure_logging
+from nexuskv_sidecar import Sidecar, SidecarConfig, digest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUST = ROOT / "plugins" / "nexuskv-sidecar" / "clients" / "rust" / "src" / "main.rs"
+PAGE = 16
+TOKEN = "bench-token"
+rng = random.Random(7)
+LAYOUT = Layout(groups=[StateGroup(kind="dense", layers=4, kv_heads=2, head_dim=64)], page_size=PAGE)
+
+
+def request(n: int) -> Request:
+    tokens = [1, *(rng.randrange(3, 128_000) for _ in range(n - 1))]  # a BOS token, then a real vocabulary's ids
+    return Request(request_id=f"r{n}", tenant="chat", model=ModelIdentity(name="tiny-llama", revision="1"),
+                   tokenizer=TokenizerIdentity(name="tiny-bpe"), layout=LAYOUT, token_ids=tokens)  # fmt: skip
+
+
+def build_client(tmp: str) -> list[str]:
+    """The load generator's command prefix: the Rust client when rustc is here, else the Python one."""
+    rustc = shutil.which("rustc") or str(Path.home() / ".cargo" / "bin" / "rustc")
+    if Path(rustc).exists():
+        out = Path(tmp) / "nexuskv-client"
+        subprocess.run([rustc, "--edition", "2021", "-O", str(RUST), "-o", str(out)], check=True, capture_output=True)
+        return [str(out), "bench"]
+    return [sys.executable, str(Path(__file__).resolve().parent / "_sidecar_load.py")]
+
+
+def load(client: list[str], url: str, body: str, threads: int, n: int) -> dict[str, float]:
+    res = subprocess.run([*client, url, TOKEN, body, str(threads), str(n)], capture_output=True, text=True,
+                         check=True, timeout=600)  # fmt: skip
+    return {k: float(v) for k, v in (kv.split("=") for kv in res.stdout.split())}
+
+
+def in_process(k: Kernel, req: Request, n: int) -> tuple[float, int]:
+    """p99 (ms) of the same plan made in this process, no HTTP; and how many plans failed open (not timed)."""
+    lat, fell = [], 0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        plan = k.plan(req)
+        took = (time.perf_counter() - t0) * 1e3
+        if plan.tokens_reused == len(req.token_ids):
+            lat.append(took)
+        else:
+            fell += 1
+    lat.sort()
+    return lat[int(0.99 * len(lat))], fell
+
+
+def _time(fn, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def main() -> None:
+    configure_logging(json=True, stream=io.StringIO(), force=True)  # rendered, then dropped
+    tmp = tempfile.mkdtemp(prefix="nexuskv-sidecar-bench-")
+    cfg = KernelConfig(node="node-a", policies=str(ROOT / "policies"),
+                       tiers={"dram": {"store": "dram", "capacity_bytes": "1GiB"}})  # fmt: skip
+    with Kernel(cfg, secret=os.urandom(32)) as k:
+        print(machine_speed())
+        print(f"keyer {type(k.keyer).__name__}, matcher {type(k.index).__name__}")
+        req = request(4096)
+        keys = k.keys(req)
+        for b in range(len(keys)):
+            payload = rng.randbytes(1024)
+            assert k.put(k.describe(req, b, payload, tier="dram", keys=keys), payload)
+        dram = Location("dram", "node-a", k.epoch)
+        while len(k.index) < 100_000:
+            tokens = array.array("I", rng.randbytes(4 * 16384)).tolist()
+            k.index.insert_many(k.keyer.extend(os.urandom(16), tokens), dram)
+        print(f"index: {len(k.index)} blocks")
+        body = Path(tmp) / "request.json"
+        body.write_text(json.dumps(to_dict(req)))
+        print(f"request: {len(req.token_ids)} tokens, {body.stat().st_size} bytes of JSON")
+        client = build_client(tmp)
+        print(f"client: {'rust' if 'bench' in client else 'python'}")
+        sc = Sidecar(SidecarConfig(port=0, tokens={digest(TOKEN): "chat"}), kernel=k)
+        sc.start()
+        try:
+            load(client, sc.url, str(body), 1, 300)  # warm up
+            print("\n1. latency, one connection (ms)")
+            p99s, p50s, base = [], [], []
+            for i in range(3):
+                got = load(client, sc.url, str(body), 1, 2000)
+                b99, bfell = in_process(k, req, 2000)
+                base.append(b99)
+                p99s.append(got["p99_ms"])
+                p50s.append(got["p50_ms"])
+                print(f"  pass {i}: http p50 {got['p50_ms']:.3f} p99 {got['p99_ms']:.3f}; in-process p99 "
+                      f"{base[-1]:.3f} ({bfell} failed open); plans {got['plans']:.0f}, "
+                      f"kernel fail-open {got['server_fail_open']:.0f}, "
+                      f"client fail-open {got['fail_open']:.0f}")  # fmt: skip
+            print("\n2. throughput, 4 connections")
+            rates, dropped = [], 0.0
+            for i in range(3):
+                got = load(client, sc.url, str(body), 4, 1500)
+                rates.append(got["plans_per_s"])
+                dropped += got["server_fail_open"] + got["fail_open"]
+                print(f"  pass {i}: {got['plans_per_s']:.0f} plans/s (p50 {got['p50_ms']:.3f} p99 {got['p99_ms']:.3f} "
+                      f"ms); kernel fail-open {got['server_fail_open']:.0f}, client fail-open {got['fail_open']:.0f}")
+            print("\n3. for scale: throughput by request size, 4 connections (one pass each)")
+            for n in (1024, 256):
+                small = request(n)
+                keys = k.keys(small)
+                for b in range(len(keys)):
+                    payload = rng.randbytes(1024)
+                    assert k.put(k.describe(small, b, payload, tier="dram", keys=keys), payload)
+                f = Path(tmp) / f"request-{n}.json"
+                f.write_text(json.dumps(to_dict(small)))
+                got = load(client, sc.url, str(f), 4, 1500)
+                print(f"  {n} tokens: {got['plans_per_s']:.0f} plans/s (p99 {got['p99_ms']:.3f} ms); kernel fail-open "
+                      f"{got['server_fail_open']:.0f}, client fail-open {got['fail_open']:.0f}")  # fmt: skip
+            raw = body.read_bytes()
+            parse = min(_time(lambda: from_json(Request, raw), 300) for _ in range(3))
+            plan = min(_time(lambda: k.plan(req), 300) for _ in range(3))
+            print(f"\n4. inside the server, per 4k plan (best of 3 x 300, this process): parse and check the request "
+                  f"{parse * 1e3:.3f} ms, plan {plan * 1e3:.3f} ms; the rest of a round trip is HTTP (uvicorn) and "
+                  f"the caller")  # fmt: skip
+        finally:
+            sc.close()
+        p99, rate = statistics.median(p99s), statistics.median(rates)
+        print(f"\nhttp p99 over in-process p99: {p99 / statistics.median(base):.2f}; "
+              f"fail-opens under load: {dropped:.0f}")
+        shutil.rmtree(tmp, ignore_errors=True)
+    result("sidecar.plan_p99_ms_4k", p99, "<=", 2)
+    result("sidecar.plans_per_s", rate, ">=", 2000)
+
+
+if __name__ == "__main__":
+    main()

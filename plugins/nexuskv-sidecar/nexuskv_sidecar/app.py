@@ -1,0 +1,351 @@
+"""The sidecar's HTTP+JSON API: the kernel's plan, route, commit, materialize and report for any language.
+
+A plain ASGI application (served by uvicorn with httptools and uvloop; no framework between them: routing is one
+dict lookup, and a framework's middleware layers cost about a fifth of a plan's round trip). Bodies are the
+kernel's contracts as JSON, checked against the published JSON Schemas (`schemas/*.v1.json`, `nexuskv.from_json`);
+`GET /v1/openapi.json` documents every operation.
+Every call but `/healthz` and the OpenAPI document carries `Authorization: Bearer <token>`; a token acts for one
+tenant (a request, plan or route of another tenant is refused with 403) or is the operator's (`*`: any tenant,
+status, metrics, every tenant's decisions). Deadlines and fail-open are the kernel's own: a plan is answered within
+its deadline (the request's `slo.deadline_ms` or the kernel's) and anything failing inside gives a `recompute` plan
+whose reasons say why, never an error, so a scheduler that gets a plan back can always proceed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import functools
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from nexuskv import ContractError, Kernel, Plan, PlanAction, Request, from_json, get_logger, to_dict
+from nexuskv_sidecar import _codec
+from nexuskv_sidecar._codec import ApiError
+from nexuskv_sidecar._config import OPERATOR, digest
+from nexuskv_sidecar._stream import Raw, Stream, Streams, count
+from nexuskv_sidecar.openapi import openapi
+
+__all__ = ["SidecarApp", "create_app"]
+
+log = get_logger("nexuskv_sidecar")
+
+
+class HttpRequest:
+    """What a handler sees of an HTTP request: headers (lower-case names), query parameters, the body."""
+
+    __slots__ = ("body", "caller", "headers", "path", "query_params")
+
+    def __init__(self, path: str, headers: dict[str, str], query: dict[str, str], body: bytes,
+                 caller: str = "") -> None:  # fmt: skip
+        self.path = path
+        self.headers = headers
+        self.query_params = query
+        self.body = body
+        self.caller = caller  # the tenant the bearer token acts for, checked before the body was read
+
+
+Handler = Callable[[HttpRequest], Awaitable[Any]]
+PUBLIC = frozenset({"/healthz", "/v1/openapi.json"})  # the only paths served without a token
+
+
+class _Api:
+    """The handlers, bound to one kernel and its token table."""
+
+    def __init__(self, kernel: Kernel, tokens: Mapping[bytes, str], max_body_bytes: int) -> None:
+        self.kernel = kernel
+        self.tokens = dict(tokens)
+        self.max_body_bytes = max_body_bytes
+        self._seen: dict[str, str] = {}  # bearer token -> tenant, for tokens already checked (no hash per call)
+        # the kernel's blocking calls (commit, materialize, report, status, metrics) run here, never on the loop
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="nexuskv-sidecar")
+        self.streams = Streams()
+
+    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` on the sidecar's pool."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+
+    # ------------------------------------------------------------------------------------------ plumbing
+
+    def caller(self, http: HttpRequest) -> str:
+        """The tenant the bearer token acts for (`*`: the operator); 401 without a known token."""
+        return http.caller or self.authenticate(http.headers)
+
+    def authenticate(self, headers: Mapping[str, str]) -> str:
+        """The tenant of the request's bearer token; 401 without a known token."""
+        header = headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "missing bearer token (Authorization: Bearer <token>)")
+        tenant = self._seen.get(token)
+        if tenant is None:
+            tenant = self.tokens.get(digest(token.strip()))
+            if tenant is None:
+                raise ApiError(401, "unknown token")  # never remembered: guessing cannot fill the table
+            if len(self._seen) >= 4096:
+                self._seen.clear()
+            self._seen[token] = tenant
+        return tenant
+
+    @staticmethod
+    def allow(caller: str, tenant: str) -> None:
+        """403 unless the caller may act for `tenant`."""
+        if caller != OPERATOR and caller != tenant:
+            raise ApiError(403, f"this token acts for tenant {caller!r}, not {tenant!r}")
+
+    @staticmethod
+    async def body(http: HttpRequest) -> Any:
+        """The request's JSON body."""
+        return _codec.decode(http.body)
+
+    # ------------------------------------------------------------------------------------------ operations
+
+    async def plan(self, http: HttpRequest) -> Any:
+        """POST /v1/plan: a `Request` in, a `Plan` out (query `session` continues a session's key chain)."""
+        caller = self.caller(http)
+        if not http.body:
+            raise ApiError(400, "empty body: expected a JSON object")
+        try:
+            req: Request = from_json(Request, http.body)  # parsed and checked in one step: the hot path
+        except ContractError as exc:
+            if exc.problems and exc.problems[0][1].startswith("not JSON"):
+                raise ApiError(400, f"body is {exc.problems[0][1]}") from None
+            raise ApiError(400, f"invalid {exc.contract}", exc.problems) from None
+        self.allow(caller, req.tenant)
+        session = http.query_params.get("session") or None
+        if session is not None:
+            session = f"{req.tenant}/{session}"  # sessions are the tenant's own: no tenant can evict another's
+        try:
+            plan = self.kernel.plan(req, session=session)
+        except Exception as exc:  # the kernel fails open by itself; this is the net under a defect
+            log.error("plan raised; answering recompute", error=f"{type(exc).__name__}: {exc}")
+            plan = fail_open(req, f"sidecar: {type(exc).__name__}")
+        return to_dict(plan)
+
+    async def route(self, http: HttpRequest) -> Any:
+        """POST /v1/route: `{"request": Request, "nodes": [NodeState]}` in, a `RouteDecision` out."""
+        caller = self.caller(http)
+        data = await self.body(http)
+        _codec.check_keys(_object(data), {"request", "nodes"})
+        req: Request = _codec.contract(Request, _codec.field(data, "request"), "request")
+        self.allow(caller, req.tenant)
+        nodes = _codec.nodes(_codec.field(data, "nodes"))
+        decision = self.kernel.route(req, nodes)
+        return to_dict(decision)
+
+    async def commit(self, http: HttpRequest) -> Any:
+        """POST /v1/commit: `{"request": Request, "payloads": [{block, group, data}]}`; accepted and refused."""
+        caller = self.caller(http)
+        data = await self.body(http)
+        _codec.check_keys(_object(data), {"request", "payloads"})
+        req: Request = _codec.contract(Request, _codec.field(data, "request"), "request")
+        self.allow(caller, req.tenant)
+        payloads = _codec.payloads(_codec.field(data, "payloads"), req)
+        result = await self.run(self.kernel.commit, req, payloads)
+        return {"accepted": result.accepted, "refused": result.refused}
+
+    async def materialize(self, http: HttpRequest) -> Any:
+        """POST /v1/materialize: `{"plan": Plan, "request": Request}`; what was loaded and verified, per block.
+
+        The answer is metadata (each loaded state's descriptor); with query `payloads=1` each state also carries
+        its bytes in base64. Load problems are not errors: `tokens` says where to recompute from.
+        """
+        caller = self.caller(http)
+        data = await self.body(http)
+        _codec.check_keys(_object(data), {"plan", "request"})
+        plan: Plan = _codec.contract(Plan, _codec.field(data, "plan"), "plan")
+        req: Request = _codec.contract(Request, _codec.field(data, "request"), "request")
+        self.allow(caller, req.tenant)
+        self.allow(caller, plan.tenant)
+        with_payloads = http.query_params.get("payloads", "") in ("1", "true")
+        done = await self.run(self.kernel.materialize, plan, req)
+        states = []
+        for (block, group), state in sorted(done.states.items()):
+            item: dict[str, Any] = {"block": block, "group": group, "descriptor": to_dict(state.descriptor)}
+            if with_payloads:
+                item["data"] = base64.b64encode(state.payload).decode()
+            states.append(item)
+        return {"blocks": done.blocks, "tokens": done.tokens, "complete": done.complete, "reason": done.reason,
+                "states": states}  # fmt: skip
+
+    async def report(self, http: HttpRequest) -> Any:
+        """POST /v1/report: `{"plan": Plan, "report": LoadReport, "request"?: Request}`; where to recompute from.
+
+        The plan must be one this deployment sealed (a report moves breakers every tenant shares), the report's
+        tier one the plan reads from. With the request, a corrupt block is quarantined (its keys are known).
+        """
+        caller = self.caller(http)
+        data = await self.body(http)
+        _codec.check_keys(_object(data), {"plan", "report", "request"})
+        plan: Plan = _codec.contract(Plan, _codec.field(data, "plan"), "plan")
+        self.allow(caller, plan.tenant)
+        if not self.kernel.plan_seal.check(plan):
+            raise ApiError(403, "plan: its MAC does not check (not a plan this deployment made, or altered)")
+        report = _codec.load_report(_codec.field(data, "report"), plan)
+        keys = None
+        if "request" in data:
+            req: Request = _codec.contract(Request, data["request"], "request")
+            self.allow(caller, req.tenant)
+            if req.request_id != plan.request_id:
+                raise ApiError(400, "request: not the request the plan answers (request_id differs)")
+            keys = await self.run(self.kernel.keys, req)
+        start = await self.run(self.kernel.report_load_result, plan, report, keys=keys)
+        return {"recompute_from": start}
+
+    async def status(self, http: HttpRequest) -> Any:
+        """GET /v1/status: the kernel's status (operator only)."""
+        self.allow(self.caller(http), OPERATOR)
+        return await self.run(status_of, self.kernel)
+
+    async def metrics(self, http: HttpRequest) -> Any:
+        """GET /metrics: the kernel's Prometheus series in the text format (operator only)."""
+        self.allow(self.caller(http), OPERATOR)
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        registry = self.kernel.metrics.registry
+        return Raw(await self.run(generate_latest, registry), CONTENT_TYPE_LATEST.encode())
+
+    async def decisions(self, http: HttpRequest) -> Any:
+        """GET /v1/decisions: decision records as JSON lines, as they are made, until the caller hangs up.
+
+        A tenant's token sees its own tenant's; the operator's every tenant's (or `?tenant=T`). `?recent=N` first
+        sends the last N records kept; `?limit=N` ends the stream after N records. A caller that reads too slowly
+        loses records (counted in the `nexuskv_decision_subscriber_drops_total` series), never slows a plan.
+        """
+        caller = self.caller(http)
+        tenant = http.query_params.get("tenant") or (None if caller == OPERATOR else caller)
+        if tenant is not None:
+            self.allow(caller, tenant)
+        recent, limit = count(http.query_params, "recent"), count(http.query_params, "limit")
+        return Stream(self.kernel.decision_log, self.streams, caller, tenant, recent, limit)
+
+    async def healthz(self, http: HttpRequest) -> Any:
+        """GET /healthz: liveness, no token (the kernel's node and whether its lease is alive)."""
+        return {"ok": True, "node": self.kernel.node, "control_ok": self.kernel.control_ok()}
+
+    async def spec(self, http: HttpRequest) -> Any:
+        """GET /v1/openapi.json: the API's OpenAPI 3.1 document (no token)."""
+        return openapi()
+
+
+def status_of(kernel: Kernel) -> dict[str, Any]:
+    """The kernel's status document (its metrics' status when it has them)."""
+    metrics = getattr(kernel, "metrics", None)
+    if metrics is not None and callable(getattr(metrics, "status", None)):
+        return metrics.status()
+    return {"node": kernel.node, "epoch": kernel.epoch, "policy_revision": kernel.policy_revision,
+            "decisions": kernel.decisions, "tiers": {n: {"used_bytes": t.used_bytes(), "capacity_bytes":
+            t.capacity_bytes} for n, t in kernel.tiers.items()}}  # fmt: skip
+
+
+def fail_open(req: Request, reason: str) -> Plan:
+    """A `recompute` plan made without the kernel (the net under a defect): the caller prefills everything."""
+    return Plan(decision_id=uuid.uuid4().hex, request_id=req.request_id, tenant=req.tenant,
+                action=PlanAction.RECOMPUTE, tokens_total=len(req.token_ids),
+                reasons=(f"fail-open: {reason}",))  # fmt: skip
+
+
+def _object(data: Any) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ApiError(400, "body: expected a JSON object")
+    return data
+
+
+class SidecarApp:
+    """The ASGI application: one dict lookup routes `(method, path)` to a handler; JSON in, JSON out."""
+
+    def __init__(self, api: _Api, routes: Mapping[tuple[str, str], Handler]) -> None:
+        self.api = api
+        self.routes = dict(routes)
+        self.paths = {path for _, path in self.routes}
+
+    def close_streams(self) -> None:
+        """End every open decision stream (the server is stopping: it waits for open connections)."""
+        self.api.streams.stop()
+
+    def close(self) -> None:
+        """End open decision streams and stop the pool of the kernel's blocking calls (after what runs)."""
+        self.api.streams.stop()
+        self.api.pool.shutdown(wait=True, cancel_futures=True)
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:  # fmt: skip
+        """Serve one HTTP request (other scope types are not served)."""
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        handler = self.routes.get((method, path))
+        if handler is None:
+            status = 405 if path in self.paths else 404
+            await _answer(send, status, ApiError(status, f"no {method} {path}").body())
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}  # names are lower-case
+        caller = ""
+        if path not in PUBLIC:  # the token is checked before a byte of the body is read
+            try:
+                caller = self.api.authenticate(headers)
+            except ApiError as exc:
+                await _answer(send, exc.status, exc.body())
+                return
+        size = headers.get("content-length", "")
+        limit = self.api.max_body_bytes
+        if size.isdigit() and int(size) > limit:
+            await _answer(send, 413, ApiError(413, f"body of {size} bytes is over the limit of {limit}").body())
+            return
+        chunks, got, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            got += len(chunk)
+            if got > limit:
+                await _answer(send, 413, ApiError(413, f"body over the limit of {limit} bytes").body())
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        query = dict(parse_qsl(scope["query_string"].decode("latin-1"))) if scope["query_string"] else {}
+        http = HttpRequest(path, headers, query, chunks[0] if len(chunks) == 1 else b"".join(chunks), caller)
+        try:
+            value = await handler(http)
+        except ApiError as exc:
+            await _answer(send, exc.status, exc.body())
+            return
+        except Exception as exc:
+            log.error("sidecar request failed", path=path, error=f"{type(exc).__name__}: {exc}")
+            await _answer(send, 500, ApiError(500, f"internal error: {type(exc).__name__}").body())
+            return
+        if isinstance(value, Stream):
+            await value.serve(receive, send)
+        elif isinstance(value, Raw):
+            await _answer(send, 200, value.body, value.content_type)
+        else:
+            await _answer(send, 200, _codec.dumps(value))
+
+
+async def _answer(send: Callable[[dict[str, Any]], Awaitable[None]], status: int, body: bytes,
+                  content_type: bytes = b"application/json") -> None:  # fmt: skip
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(kernel: Kernel, tokens: Mapping[bytes, str], *, max_body_bytes: int = 64 << 20) -> SidecarApp:
+    """The ASGI app serving `kernel`; `tokens` maps SHA-256 token digests to the tenant they act for."""
+    api = _Api(kernel, tokens, max_body_bytes)
+    routes: dict[tuple[str, str], Handler] = {
+        ("POST", "/v1/plan"): api.plan,
+        ("POST", "/v1/route"): api.route,
+        ("POST", "/v1/commit"): api.commit,
+        ("POST", "/v1/materialize"): api.materialize,
+        ("POST", "/v1/report"): api.report,
+        ("GET", "/v1/status"): api.status,
+        ("GET", "/v1/decisions"): api.decisions,
+        ("GET", "/metrics"): api.metrics,
+        ("GET", "/healthz"): api.healthz,
+        ("GET", "/v1/openapi.json"): api.spec,
+    }
+    return SidecarApp(api, routes)

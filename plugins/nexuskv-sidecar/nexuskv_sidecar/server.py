@@ -1,0 +1,115 @@
+"""Run the sidecar: a kernel, the API app, and uvicorn on one socket (`nexuskv serve CONFIG`, or embedded).
+
+`Sidecar(config).start()` serves from a background thread (tests, benches, embedding) and returns the bound port;
+`serve_forever()` blocks until SIGINT / SIGTERM. Either way the kernel is closed after the server stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+
+import uvicorn
+
+from nexuskv import Kernel, KernelConfig, get_logger
+from nexuskv_sidecar._config import SidecarConfig
+from nexuskv_sidecar.app import create_app
+
+__all__ = ["Sidecar"]
+
+log = get_logger("nexuskv_sidecar")
+
+
+class Sidecar:
+    """One kernel served over HTTP on `config.host:config.port` (port 0: a free one, see `port`)."""
+
+    def __init__(self, config: SidecarConfig, kernel: Kernel | None = None) -> None:
+        self.config = config
+        self.kernel = kernel or (Kernel.from_config(config.kernel) if config.kernel else Kernel(KernelConfig()))
+        self._own_kernel = kernel is None
+        self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes)
+        self._sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((config.host, config.port))
+        except OSError as exc:
+            self._sock.close()
+            if self._own_kernel:
+                self.kernel.close()
+            raise OSError(exc.errno, f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
+        self._sock.listen(2048)  # connections made before uvicorn runs wait in the backlog, not refused
+        self.port: int = self._sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(
+            self.app, http="httptools", loop="uvloop", log_level="warning", access_log=False, lifespan="off",
+            proxy_headers=False, server_header=False, date_header=False, timeout_keep_alive=30,
+            timeout_graceful_shutdown=5))  # fmt: skip
+        self._thread: threading.Thread | None = None
+
+    @property
+    def tenants(self) -> list[str]:
+        """The tenants some token acts for."""
+        return sorted(set(self.config.tokens.values()))
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use."""
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> int:
+        """Serve from a background thread; returns the port once the server accepts connections."""
+        self._thread = threading.Thread(target=self._run, name="nexuskv-sidecar", daemon=True)
+        self._thread.start()
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the sidecar server stopped while starting (see the log)")
+            self._thread.join(0.01)
+        log.info("sidecar serving", url=self.url, node=self.kernel.node, tenants=self.tenants)
+        return self.port
+
+    def _run(self) -> None:
+        self.server.run(sockets=[self._sock])
+
+    def serve_forever(self) -> None:
+        """Serve until SIGINT / SIGTERM, then stop gracefully and close the kernel (exit status 0).
+
+        The server runs on its own thread and this (main) thread waits for the signal: uvicorn's own handling
+        would re-raise the signal after its shutdown, killing the process before the kernel flushed its writer
+        and released its lease.
+        """
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start()
+            while not stop.wait(1.0):
+                if self._thread is not None and not self._thread.is_alive():
+                    break  # the server died on its own (logged by uvicorn)
+            log.info("sidecar stopping", url=self.url)
+        finally:
+            self.close()  # a second signal meanwhile only sets the event again: the flush is never cut short
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def close(self) -> None:
+        """Stop serving (requests in flight finish, streams end) and close the kernel if the sidecar built it."""
+        self.app.close_streams()
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        self.app.close()
+        self._close_kernel()
+
+    def _close_kernel(self) -> None:
+        if self._own_kernel:
+            self.kernel.close()
+
+    def __enter__(self) -> Sidecar:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

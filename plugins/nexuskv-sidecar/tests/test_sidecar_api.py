@@ -1,0 +1,275 @@
+"""The sidecar's HTTP API against a real kernel on a real port: every operation, auth, bad bodies, fail-open."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import threading
+import time
+
+import pytest
+from _sidecar_helpers import TOKENS, call, commit_all, make_request
+
+from nexuskv import Plan, PlanAction, checksum, from_dict, json_schema, to_dict
+from nexuskv_sidecar import openapi
+
+
+def test_plan_matches_the_kernels_own(sidecar, kernel):
+    req = make_request(range(256))
+    commit_all(kernel, req)
+    status, body = call(sidecar.port, "POST", "/v1/plan", to_dict(req))
+    assert status == 200
+    plan = from_dict(Plan, body)  # the answer is a valid plan.v1
+    direct = kernel.plan(req)
+    assert (plan.action, plan.tokens_reused, plan.spans) == (direct.action, direct.tokens_reused, direct.spans)
+    assert plan.action == PlanAction.MATERIALIZE and plan.tokens_reused == 256
+    assert plan.mac and plan.policy_revision == kernel.policy_revision
+
+
+def test_tokens_act_for_their_tenant_only(sidecar):
+    req = to_dict(make_request(range(64), tenant="rag"))
+    assert call(sidecar.port, "POST", "/v1/plan", req, token=None)[0] == 401
+    assert call(sidecar.port, "POST", "/v1/plan", req, token="no-such-token")[0] == 401
+    status, body = call(sidecar.port, "POST", "/v1/plan", req, token=TOKENS["chat"])
+    assert status == 403 and body["error"] == "this token acts for tenant 'chat', not 'rag'"
+    assert call(sidecar.port, "POST", "/v1/plan", req, token=TOKENS["rag"])[0] == 200
+    assert call(sidecar.port, "POST", "/v1/plan", req, token=TOKENS["*"])[0] == 200  # the operator: any tenant
+    assert call(sidecar.port, "GET", "/v1/status", token=TOKENS["chat"])[0] == 403
+
+
+def test_bad_bodies_name_every_problem(sidecar):
+    req = to_dict(make_request(range(64)))
+    req["token_ids"][3] = -1
+    req["model"]["nmae"] = "typo"
+    status, body = call(sidecar.port, "POST", "/v1/plan", req)
+    assert status == 400 and body["error"] == "invalid request"
+    assert {p["path"] for p in body["problems"]} == {"token_ids[3]", "model.nmae"}
+    status, body = call(sidecar.port, "POST", "/v1/plan", raw=b'{"tenant": ')
+    assert status == 400 and body["error"].startswith("body is not JSON")
+    status, body = call(sidecar.port, "POST", "/v1/plan", raw=b"")
+    assert status == 400 and "empty body" in body["error"]
+    req = to_dict(make_request(range(64)))
+    req["token_ids"][0] = True  # a boolean is not a token id, whatever Python thinks of it
+    status, body = call(sidecar.port, "POST", "/v1/plan", req)
+    assert status == 400 and body["problems"] == [{"path": "token_ids[0]", "problem": "expected integer, got boolean"}]
+    status, body = call(sidecar.port, "POST", "/v1/plan", raw=b"x" * ((1 << 20) + 1))
+    assert status == 413 and "over the limit" in body["error"]
+    status, body = call(sidecar.port, "POST", "/v1/route", {"request": to_dict(make_request(range(16))), "nodes": []})
+    assert status == 400 and body["error"] == "nodes: expected a non-empty list"
+
+
+def test_commit_then_plan_then_materialize_then_report(sidecar, kernel):
+    req = make_request(range(128))
+    payloads = [{"block": b, "group": 0, "data": base64.b64encode(bytes([b]) * 96).decode()} for b in range(8)]
+    status, body = call(sidecar.port, "POST", "/v1/commit", {"request": to_dict(req), "payloads": payloads})
+    assert status == 200 and body == {"accepted": 8, "refused": 0}
+    assert kernel.flush(30)
+    status, plan = call(sidecar.port, "POST", "/v1/plan", to_dict(req))
+    assert status == 200 and plan["action"] == "materialize" and plan["tokens_reused"] == 128
+    status, done = call(sidecar.port, "POST", "/v1/materialize?payloads=1", {"plan": plan, "request": to_dict(req)})
+    assert status == 200 and done["complete"] and done["blocks"] == 8 and done["tokens"] == 128
+    for state in done["states"]:
+        data = base64.b64decode(state["data"])
+        assert data == bytes([state["block"]]) * 96
+        assert state["descriptor"]["checksum"] == checksum(data, state["descriptor"]["checksum"].split(":")[0])
+    status, meta = call(sidecar.port, "POST", "/v1/materialize", {"plan": plan, "request": to_dict(req)})
+    assert status == 200 and all("data" not in s for s in meta["states"]) and len(meta["states"]) == 8
+    report = {"ok": False, "failed_block": 5, "tier": "dram", "reason": "engine could not mount it"}
+    status, body = call(sidecar.port, "POST", "/v1/report", {"plan": plan, "report": report})
+    assert status == 200 and body == {"recompute_from": 80}
+
+
+def test_a_tampered_plan_loads_nothing(sidecar, kernel):
+    req = make_request(range(128))
+    commit_all(kernel, req)
+    status, plan = call(sidecar.port, "POST", "/v1/plan", to_dict(req))
+    plan["tenant"] = "chat"
+    plan["spans"][0]["node"] = "elsewhere"  # the MAC covers where state is loaded from
+    status, done = call(sidecar.port, "POST", "/v1/materialize", {"plan": plan, "request": to_dict(req)})
+    assert status == 200 and done["tokens"] == 0 and done["states"] == [] and "mac" in done["reason"].lower()
+
+
+def test_route_prices_each_node(sidecar, kernel):
+    req = make_request(range(128))
+    commit_all(kernel, req)
+    nodes = [{"node": "n1", "waiting_requests": 0}, {"node": "n2", "queued_prefill_tokens": 100000}]
+    status, body = call(sidecar.port, "POST", "/v1/route", {"request": to_dict(req), "nodes": nodes})
+    assert status == 200 and body["node"] == "n1" and {o["node"] for o in body["options"]} == {"n1", "n2"}
+    status, body = call(sidecar.port, "POST", "/v1/route", {"request": to_dict(req), "nodes": [{"node": "n1", "x": 1}]})
+    assert status == 400 and body["problems"] == [{"path": "nodes[0].x", "problem": "unknown field"}]
+
+
+def test_a_defect_in_the_kernel_still_answers_a_plan(sidecar, kernel, monkeypatch):
+    def broken(*a, **kw):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(kernel, "plan", broken)
+    status, body = call(sidecar.port, "POST", "/v1/plan", to_dict(make_request(range(64))))
+    assert status == 200 and body["action"] == "recompute" and body["reasons"] == ["fail-open: sidecar: RuntimeError"]
+    assert body["tokens_total"] == 64
+
+
+def test_status_health_and_the_openapi_document(sidecar, kernel):
+    status, body = call(sidecar.port, "GET", "/v1/status", token=TOKENS["*"])
+    assert status == 200 and body["node"] == "n1"
+    status, body = call(sidecar.port, "GET", "/healthz", token=None)
+    assert status == 200 and body == {"ok": True, "node": "n1", "control_ok": True}
+    status, spec = call(sidecar.port, "GET", "/v1/openapi.json", token=None)
+    assert status == 200 and spec == openapi()
+    from nexuskv import Request, StateDescriptor
+
+    for name, cls in (("Request", Request), ("Plan", Plan), ("StateDescriptor", StateDescriptor)):
+        assert spec["components"]["schemas"][name] == json_schema(cls)  # the published contracts, verbatim
+    routes = sidecar.app.paths
+    assert routes <= set(spec["paths"]), routes - set(spec["paths"])
+
+
+@pytest.mark.parametrize("path", ["/v1/plan", "/v1/commit", "/v1/materialize", "/v1/report", "/v1/route"])
+def test_every_operation_wants_a_token(sidecar, path):
+    status, body = call(sidecar.port, "POST", path, {}, token=None)
+    assert status == 401 and body["error"].startswith("missing bearer token")
+
+
+def stream_lines(port, path, token, out, ready):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+    resp = conn.getresponse()
+    out.append(resp.status)
+    ready.set()
+    for line in resp:  # chunked JSON lines until the server ends the stream
+        out.append(json.loads(line))
+    conn.close()
+
+
+def test_decisions_stream_per_tenant(sidecar, kernel):
+    chat, ops, ready_chat, ready_ops = [], [], threading.Event(), threading.Event()
+    readers = [threading.Thread(target=stream_lines, args=(sidecar.port, "/v1/decisions?limit=3", TOKENS["chat"],
+                                                           chat, ready_chat)),
+               threading.Thread(target=stream_lines, args=(sidecar.port, "/v1/decisions?limit=5", TOKENS["*"],
+                                                           ops, ready_ops))]  # fmt: skip
+    for r in readers:
+        r.start()
+    assert ready_chat.wait(30) and ready_ops.wait(30)
+    for i in range(5):
+        tenant = "chat" if i % 2 == 0 else "rag"
+        token = TOKENS[tenant]
+        status, _ = call(sidecar.port, "POST", "/v1/plan", to_dict(make_request(range(64), tenant=tenant,
+                                                                                request_id=f"s{i}")), token=token)
+        assert status == 200
+    for r in readers:
+        r.join(30)
+    assert chat[0] == 200 and [d["request_id"] for d in chat[1:]] == ["s0", "s2", "s4"]
+    assert ops[0] == 200 and [d["request_id"] for d in ops[1:]] == ["s0", "s1", "s2", "s3", "s4"]
+    assert {d["tenant"] for d in chat[1:]} == {"chat"}
+    status, body = call(sidecar.port, "GET", "/v1/decisions?tenant=rag", token=TOKENS["chat"])
+    assert status == 403
+    status, body = call(sidecar.port, "GET", "/v1/decisions?limit=x", token=TOKENS["chat"])
+    assert status == 400 and body["error"] == "limit: expected a non-negative integer, got 'x'"
+
+
+def test_recent_decisions_then_the_stream_ends_at_the_limit(sidecar, kernel):
+    for i in range(3):
+        kernel.plan(make_request(range(32), request_id=f"old{i}"))
+    deadline = time.monotonic() + 10
+    while len(kernel.decision_log.recent()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out, ready = [], threading.Event()
+    stream_lines(sidecar.port, "/v1/decisions?recent=2&limit=2", TOKENS["chat"], out, ready)
+    assert out[0] == 200 and [d["request_id"] for d in out[1:]] == ["old1", "old2"]
+
+
+def test_metrics_are_scraped_with_the_operator_token(sidecar, kernel):
+    for i in range(4):
+        assert call(sidecar.port, "POST", "/v1/plan", to_dict(make_request(range(64), request_id=f"m{i}")))[0] == 200
+    assert call(sidecar.port, "GET", "/metrics", token=TOKENS["chat"])[0] == 403
+    conn = http.client.HTTPConnection("127.0.0.1", sidecar.port, timeout=30)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {TOKENS['*']}"})
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    assert resp.status == 200 and resp.getheader("content-type").startswith("text/plain")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    plans = sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "nexuskv_plans_total")  # fmt: skip
+    assert plans == kernel.decisions >= 4
+
+
+def test_a_report_needs_a_sealed_plan_and_a_tier_it_reads(sidecar, kernel):
+    req = make_request(range(128))
+    commit_all(kernel, req)
+    status, plan = call(sidecar.port, "POST", "/v1/plan", to_dict(req))
+    forged = {**plan, "mac": "00" * 16}
+    body = {"plan": forged, "report": {"ok": False, "tier": "dram", "timeout": True}}
+    status, answer = call(sidecar.port, "POST", "/v1/report", body)
+    assert status == 403 and "MAC does not check" in answer["error"]
+    assert kernel.health.snapshot().get("dram", {}).get("state", "closed") == "closed"  # no breaker moved
+    for report, path in (({"ok": False, "tier": "bogus"}, "report.tier"), ({"ok": "no"}, "report.ok"),
+                         ({"ok": False, "failed_block": -5}, "report.failed_block"),
+                         ({"ok": False, "measured_ttft_ms": "abc"}, "report.measured_ttft_ms")):  # fmt: skip
+        status, answer = call(sidecar.port, "POST", "/v1/report", {"plan": plan, "report": report})
+        assert status == 400 and answer["problems"][0]["path"] == path, (report, answer)
+
+
+def test_a_corrupt_report_with_its_request_quarantines_the_block(sidecar, kernel):
+    req = make_request(range(128))
+    keys = commit_all(kernel, req)
+    status, plan = call(sidecar.port, "POST", "/v1/plan", to_dict(req))
+    report = {"ok": False, "failed_block": 3, "tier": "dram", "corrupt": True, "reason": "bad bytes"}
+    status, answer = call(sidecar.port, "POST", "/v1/report", {"plan": plan, "report": report, "request": to_dict(req)})
+    assert status == 200 and answer == {"recompute_from": 48}
+    assert kernel.load(keys[3]) is None and kernel.load(keys[2]) is not None  # dropped: never planned again
+
+
+def test_commit_refuses_blocks_and_groups_the_request_does_not_have(sidecar):
+    req = to_dict(make_request(range(64)))  # 4 full blocks, one group
+    data = base64.b64encode(b"x" * 16).decode()
+    for item, path in (({"block": 4, "data": data}, "payloads[0].block"), ({"block": 0, "group": 1, "data": data},
+                       "payloads[0].group")):  # fmt: skip
+        status, answer = call(sidecar.port, "POST", "/v1/commit", {"request": req, "payloads": [item]})
+        assert status == 400 and answer["problems"][0]["path"] == path
+    twice = [{"block": 1, "data": data}, {"block": 1, "group": 0, "data": data}]
+    status, answer = call(sidecar.port, "POST", "/v1/commit", {"request": req, "payloads": twice})
+    assert status == 400 and answer["error"] == "payloads[1]: block 1 group 0 given twice"
+
+
+def test_node_states_are_typed(sidecar):
+    req = to_dict(make_request(range(64)))
+    status, answer = call(sidecar.port, "POST", "/v1/route", {"request": req, "nodes": [
+        {"node": "n1", "overlap_loads": "no"}]})  # fmt: skip
+    assert status == 400 and answer["problems"] == [{"path": "nodes[0].overlap_loads", "problem":
+                                                     "expected bool, got string"}]  # fmt: skip
+
+
+def test_the_token_is_checked_before_the_body_is_read(sidecar):
+    conn = http.client.HTTPConnection("127.0.0.1", sidecar.port, timeout=30)
+    conn.putrequest("POST", "/v1/plan")
+    conn.putheader("Content-Length", "1000000")
+    conn.endheaders()  # no body sent: the answer must come anyway
+    resp = conn.getresponse()
+    assert resp.status == 401 and json.loads(resp.read())["error"].startswith("missing bearer token")
+    conn.close()
+
+
+def test_streams_are_capped_and_end_when_the_sidecar_stops(kernel):
+    from nexuskv_sidecar import Sidecar, SidecarConfig, digest
+    from nexuskv_sidecar._stream import MAX_STREAMS
+
+    cfg = SidecarConfig(port=0, tokens={digest(TOKENS["chat"]): "chat"})
+    sc = Sidecar(cfg, kernel=kernel)
+    sc.start()
+    conns, answers = [], []
+    for _ in range(MAX_STREAMS):
+        conn = http.client.HTTPConnection("127.0.0.1", sc.port, timeout=30)
+        conn.request("GET", "/v1/decisions", headers={"Authorization": f"Bearer {TOKENS['chat']}"})
+        answers.append(conn.getresponse())
+        assert answers[-1].status == 200
+        conns.append(conn)
+    status, answer = call(sc.port, "GET", "/v1/decisions")
+    assert status == 429 and answer["error"] == f"{MAX_STREAMS} decision streams are open for this token already"
+    status, answer = call(sc.port, "GET", "/v1/decisions?limit=%C2%B2")
+    assert status == 400 and answer["error"] == "limit: expected a non-negative integer, got '²'"
+    sc.close()  # the open streams end with the server, properly: the last chunk is sent, nothing is cut off
+    assert [a.read() for a in answers] == [b""] * MAX_STREAMS
+    for conn in conns:
+        conn.close()
