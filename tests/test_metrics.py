@@ -115,7 +115,7 @@ def test_a_real_workload_is_what_the_scrape_reports(tmp_path):
         assert value(m, "nexuskv_fail_open_total", reason="breaker") == 1
         assert value(m, "nexuskv_tokens_reused_total") == sum(p.tokens_reused for p in plans) == 320 + 64 + 160
         assert value(m, "nexuskv_tokens_recomputed_total") == sum(p.tokens_total - p.tokens_reused for p in plans)
-        assert value(m, "nexuskv_policy_rule_decisions_total", tenant="capped", rule="cap-capped") == 1
+        assert value(m, "nexuskv_policy_rule_decisions_total", policy="default", rule="cap-capped") == 1
         # loads: 20 verified blocks of a, then b's rotten first block: a miss, and quarantined
         assert value(m, "nexuskv_tier_hits_total", tier="dram") == 20
         assert value(m, "nexuskv_tier_misses_total", tier="dram") == 1
@@ -127,7 +127,9 @@ def test_a_real_workload_is_what_the_scrape_reports(tmp_path):
         assert value(m, "nexuskv_tier_evictions_total", tier="dram") == 0
         assert value(m, "nexuskv_link_read_bytes_total", link="dram") == 20 * BLOCK
         assert value(m, "nexuskv_link_transfers_total", link="dram") == 1
-        assert value(m, "nexuskv_link_bandwidth_bytes_per_second", link="dram") > 0
+        # one transfer is not an estimate plans price yet (`[links] min_samples`): no gauge until it is
+        assert k.links.get("dram") is None and ("nexuskv_link_bandwidth_bytes_per_second",
+                                                frozenset({("link", "dram")})) not in m  # fmt: skip
         # the connector's reports: one ok with a TTFT 3 ms over the prediction, one timeout
         assert value(m, "nexuskv_load_reports_total", outcome="ok") == 1
         assert value(m, "nexuskv_load_reports_total", outcome="failed") == 1
@@ -275,3 +277,68 @@ def test_every_exported_metric_is_documented(tmp_path):
     assert len(names) >= 30
     missing = sorted(n for n in names if f"`{n}`" not in doc)
     assert not missing, f"docs/operations.md does not describe {missing}"
+
+
+def test_one_registry_takes_one_kernels_series_and_a_bad_answer_never_stops_a_kernel():
+    engine = CollectorRegistry()
+
+    class Engine:
+        def __init__(self, answer):
+            self.answer = answer
+
+        @hookimpl
+        def nexuskv_metrics_registry(self, kernel):
+            return self.answer
+
+    kernels = []
+    for node, answer in (("r1", engine), ("r2", engine), ("r3", "prometheus")):
+        pm = PluginManager(entry_points=False)
+        pm.register(Engine(answer), "engine")
+        kernels.append(Kernel(KernelConfig(node=node), plugins=pm, secret=SECRET))  # every one starts
+    try:
+        for k in kernels:
+            k.plan(make_request(range(64)))
+        text = generate_latest(engine).decode()
+        assert text.count("# HELP nexuskv_plans_total") == 1  # one family, not two clashing ones
+        nodes = {s.labels["node"] for f in text_string_to_metric_families(text) for s in f.samples}
+        assert nodes == {"r1"}  # the second kernel was refused (an error line), the third's answer is no registry
+        assert kernels[1].metrics.attach(CollectorRegistry()) and kernels[1].metrics.port is None
+    finally:
+        for k in kernels:
+            k.close()
+    assert kernels[0].metrics.port is None and list(kernels[0].metrics.collector.collect()) == []
+
+
+def test_reports_that_would_break_the_ttft_figures_are_not_counted(tmp_path):
+    k = make_kernel(tmp_path)
+    try:
+        req = make_request(range(64))
+        commit(k, req)
+        plan = k.plan(req)
+        for ttft in (float("inf"), 1e308, float("nan")):  # counted nowhere, and the report still does its work
+            assert k.report_load_result(plan, LoadReport(ok=True, measured_ttft_ms=ttft)) == plan.tokens_reused
+        assert k.report_load_result(plan, LoadReport(ok=False, failed_block=1, tier="dram", measured_ttft_ms=9.0)) == 16
+        m = scrape(k)
+        assert m[("nexuskv_load_reports_total", frozenset({("outcome", "ok")}))] == 3
+        assert m[("nexuskv_ttft_error_seconds_count", frozenset())] == 0  # a failed load's TTFT is not an error
+    finally:
+        k.close()
+
+
+def test_a_quarantine_is_counted_once_and_only_for_a_payload_that_was_held(tmp_path):
+    k = make_kernel(tmp_path)
+    try:
+        req = make_request(range(64))
+        keys = commit(k, req)
+        k.quarantine(keys[0], 0, "dram", "rotten")
+        k.quarantine(keys[0], 0, "dram", "reported again")  # the connector's report after materialize's
+        k.quarantine(b"\x01" * 16, 0, "dram", "never held")
+        assert scrape(k)[("nexuskv_tier_quarantined_total", frozenset({("tier", "dram")}))] == 1
+    finally:
+        k.close()
+
+
+@pytest.mark.parametrize("port", [-1, 70000])
+def test_a_metrics_port_out_of_range_is_a_config_error(port):
+    with pytest.raises(ConfigError, match="metrics_port"):
+        KernelConfig.from_mapping({"metrics_port": port}, origin="k.toml")

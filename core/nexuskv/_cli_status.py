@@ -10,6 +10,7 @@ until Ctrl-C; `--json` prints each node's raw document as a JSON line. A node th
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import sys
 import time
@@ -28,7 +29,7 @@ _BREAKER_STYLE = {"closed": "green", "open": "bold red", "half-open": "yellow"}
 def status_url(target: str) -> str:
     """The `/status` URL of a kernel given as `host:port`, `http://host:port` or the status URL itself."""
     url = target if "://" in target else f"http://{target}"
-    url = url.rstrip("/")
+    url = url.split("?", 1)[0].rstrip("/")  # the query is the view's own (`decisions=`)
     return url if url.endswith("/status") else f"{url}/status"
 
 
@@ -52,7 +53,7 @@ def fetch_status(url: str, decisions: int = 10, timeout: float = 2.0) -> tuple[d
         return None, f"HTTP {exc.code} {exc.reason}"
     except urllib.error.URLError as exc:
         return None, str(exc.reason)
-    except (OSError, ValueError) as exc:  # a timeout, a reset, not JSON
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # a timeout, a reset, a cut answer, not JSON
         return None, f"{type(exc).__name__}: {exc}"
 
 

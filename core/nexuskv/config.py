@@ -71,7 +71,8 @@ class KernelConfig:
     decision_log_sample: float = field(default=1.0, validator=[attrs.validators.ge(0), attrs.validators.le(1)])
     decision_log_level: str = field(default="info", validator=attrs.validators.in_(("info", "debug", "off")))
     decision_log_recent: int = field(default=100, validator=attrs.validators.ge(0))
-    metrics_port: int | None = None  # serve GET /metrics and /status here (0: a free port; docs/operations.md)
+    metrics_port: int | None = field(  # serve GET /metrics and /status here (0: a free port; docs/operations.md)
+        default=None, validator=attrs.validators.optional([attrs.validators.ge(0), attrs.validators.le(65535)]))
     metrics_host: str = "127.0.0.1"
     profile: str | None = None
     deadline_ms: float = field(factory=lambda: _env_float("NEXUSKV_DEADLINE_MS", 1.0))

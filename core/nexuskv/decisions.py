@@ -224,12 +224,13 @@ class DecisionLog:
     @property
     def subscriber_drops(self) -> int:
         """Records dropped because a subscriber's stream was full (closed subscriptions' included)."""
-        return self.subscriber_drops_closed + sum(s.drops for s in self._subs)
+        with self._lock:  # one snapshot: a subscription closing meanwhile moves its drops, never loses them
+            return self.subscriber_drops_closed + sum(s.drops for s in self._subs)
 
     def counts(self) -> dict[str, Any]:
         """Per-plan counts for the metrics.
 
-        `plans` by (action, reason class), `fail_open` by reason class, `rules` by (tenant, rule),
+        `plans` by (action, reason class), `fail_open` by reason class, `rules` by (policy, rule),
         `tokens_reused`, `tokens_recomputed`, and the drops.
         """
         with self._lock:
@@ -237,7 +238,7 @@ class DecisionLog:
                                    "fail_open": dict(self._fail_open), "rules": dict(self._rules),
                                    "tokens_reused": self._tokens[0], "tokens_recomputed": self._tokens[1],
                                    "observer_drops": self.observer_drops}  # fmt: skip
-        out["subscriber_drops"] = self.subscriber_drops
+        out["subscriber_drops"] = self.subscriber_drops  # its own snapshot (the lock is not reentrant)
         out["file_errors"] = self.file_errors
         return out
 
@@ -246,7 +247,7 @@ class DecisionLog:
         return self.shadow is not None or (self._file is not None and (self._all_inputs or tenant in self._inputs_for))
 
     def record(self, plan: Plan, t0: float, fallback: bool = False, inputs: DecisionInputs | None = None,
-               policies: Policies | None = None) -> None:  # fmt: skip
+               policies: Policies | None = None, policy: str | None = None) -> None:  # fmt: skip
         """Log `plan` (made since `perf_counter()` was `t0`) and queue it for the observers and the decision file.
 
         A fallback's line is rendered on the log thread (so it may follow lines logged after it). `inputs` go to
@@ -266,8 +267,8 @@ class DecisionLog:
             self._plans[key] = self._plans.get(key, 0) + 1
             if fallback:
                 self._fail_open[why] = self._fail_open.get(why, 0) + 1
-            for rule in plan.rules:
-                rk = (plan.tenant, rule)
+            for rule in plan.rules:  # by the policy that decided (`policy`: the tenant's file, or `default`)
+                rk = (policy or plan.tenant, rule)
                 self._rules[rk] = self._rules.get(rk, 0) + 1
             self._tokens[0] += plan.tokens_reused
             self._tokens[1] += plan.tokens_total - plan.tokens_reused

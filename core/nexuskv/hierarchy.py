@@ -384,10 +384,9 @@ class Hierarchy:
     def quarantine(self, key: bytes, group: int, tier: str, reason: str) -> None:
         """Drop a bad payload from its tier and the index, and log why."""
         store = self.tiers.get(tier)
-        if store is not None:
-            store.delete(slot_of(key, group))
-        self._unindex(key, group, tier)
-        self.counts.add(("quarantined", tier))
+        dropped = bool(store.delete(slot_of(key, group))) if store is not None else False
+        if self._unindex(key, group, tier) or dropped:  # counted once, and only for a payload that was held
+            self.counts.add(("quarantined", tier))
         log.warning("payload quarantined", key=key.hex(), group=group, tier=tier, reason=reason)
 
     def _unindex(self, key: bytes, group: int, tier: str, node: str | None = None) -> int:

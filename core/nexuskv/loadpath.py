@@ -9,6 +9,7 @@ breakers and quarantines what they found corrupt. State read from a slower tier 
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import time
 from collections.abc import Sequence
 
@@ -242,7 +243,11 @@ class LoadPath:
     def _count_report(self, plan: Plan, report: LoadReport) -> None:
         self.counts.add("reports_ok" if report.ok else "reports_failed")
         measured = report.measured_ttft_ms
-        if measured is not None and measured >= 0:
+        # The prediction error is of plans that ran as planned: a failed load's TTFT includes a recompute the
+        # prediction never assumed, and a fail-open plan predicted nothing. Values that are not finite are refused.
+        fell = any(r.startswith("fail-open") for r in plan.reasons)
+        if (measured is not None and report.ok and not fell and math.isfinite(measured) and 0 <= measured < 1e12
+                and math.isfinite(plan.predicted.ttft_ms)):  # fmt: skip
             predicted = plan.predicted.ttft_ms
             self.counts.add("ttft_measured_us", round(measured * 1e3))  # exact sums: integer microseconds
             self.counts.add("ttft_predicted_us", round(predicted * 1e3))

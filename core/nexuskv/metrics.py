@@ -16,6 +16,7 @@ import socket
 import socketserver
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import parse_qs
@@ -77,6 +78,8 @@ def link_status(kernel: Any) -> dict[str, dict[str, Any]]:
         row: dict[str, Any] = {"read_bytes": counts.get(("link_bytes", name), 0),
                                "transfers": counts.get(("link_transfers", name), 0)}  # fmt: skip
         row.update(estimates.get(name, {}))
+        # what plans price: an estimate with enough samples, recent enough (otherwise the profile's figure)
+        row["trusted"] = kernel.links is not None and name in estimates and kernel.links.get(name) is not None
         out[name] = row
     return out
 
@@ -105,9 +108,12 @@ class KernelCollector(Collector):
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
+        self.closed = False  # set when the kernel closes: its parts are gone, so nothing is reported
 
     def collect(self) -> Iterator[Metric]:
-        """Every family (empty ones included), each sample labelled with the kernel's `node`."""
+        """Every family (empty ones included), each sample labelled with the kernel's `node`; none once closed."""
+        if self.closed:
+            return iter(())
         k = self.kernel
         node = k.node
         fams: list[Metric] = []
@@ -132,7 +138,7 @@ class KernelCollector(Collector):
         counter("nexuskv_tokens_recomputed_total", "Prompt tokens plans leave to prefill.", (),
                 [((), d["tokens_recomputed"])])
         counter("nexuskv_policy_rule_decisions_total", "Plans each policy rule decided, by tenant and rule.",
-                ("tenant", "rule"), [(key, n) for key, n in sorted(d["rules"].items())])
+                ("policy", "rule"), [(key, n) for key, n in sorted(d["rules"].items())])
         counter("nexuskv_decision_observer_drops_total", "Decision records dropped: the observer thread was behind.",
                 (), [((), d["observer_drops"])])
         counter("nexuskv_decision_subscriber_drops_total", "Decision records dropped: a subscriber's stream was full.",
@@ -172,10 +178,11 @@ class KernelCollector(Collector):
                 [((n,), r["read_bytes"]) for n, r in links.items()])
         counter("nexuskv_link_transfers_total", "Planned spans read over each link.", ("link",),
                 [((n,), r["transfers"]) for n, r in links.items()])
-        gauge("nexuskv_link_bandwidth_bytes_per_second", "Measured bandwidth estimate of each link.", ("link",),
-              [((n,), r["bandwidth_bytes_per_s"]) for n, r in links.items() if "bandwidth_bytes_per_s" in r])
-        gauge("nexuskv_link_latency_seconds", "Measured latency estimate of each link.", ("link",),
-              [((n,), r["latency_ms"] / 1e3) for n, r in links.items() if "latency_ms" in r])
+        gauge("nexuskv_link_bandwidth_bytes_per_second", "Measured bandwidth of each link plans price (trusted "
+              "estimates only).", ("link",), [((n,), r["bandwidth_bytes_per_s"]) for n, r in links.items()
+                                              if r["trusted"]])  # fmt: skip
+        gauge("nexuskv_link_latency_seconds", "Measured latency of each link plans price (trusted estimates only).",
+              ("link",), [((n,), r["latency_ms"] / 1e3) for n, r in links.items() if r["trusted"]])
 
         breakers = k.health.snapshot()
         gauge("nexuskv_breaker_state", "1 for each breaker's current state, 0 for the others.", ("breaker", "state"),
@@ -219,6 +226,11 @@ class _QuietHandler(WSGIRequestHandler):
         pass  # a scrape every few seconds is not worth a log line
 
 
+# Registries (by id, with a weak reference to tell a reused id apart) that hold a kernel's collector.
+_ATTACHED: dict[int, tuple[weakref.ref[Any], Metrics]] = {}
+_ATTACHED_LOCK = threading.Lock()
+
+
 class Metrics:
     """A kernel's metrics: `registry` (with `collector` in it), `status()`, and `port` when it serves HTTP."""
 
@@ -249,12 +261,28 @@ class Metrics:
         return m
 
     def attach(self, registry: Any) -> bool:
-        """Add the collector to another `CollectorRegistry` too (taken out again by `close`); False if refused."""
-        try:
-            registry.register(self.collector)
-        except ValueError as exc:  # names another collector there exports already (a second kernel, say)
-            log.error("metrics not added to the registry", node=self.kernel.node, error=str(exc))
+        """Add the collector to another `CollectorRegistry` too (taken out again by `close`); False if refused.
+
+        One registry takes one kernel's series (a second kernel's would repeat every family name): the second is
+        refused with an error line, as is anything that is not a registry. The kernel starts either way.
+        """
+        if not callable(getattr(registry, "register", None)) or not callable(getattr(registry, "unregister", None)):
+            log.error("metrics not added: nexuskv_metrics_registry answered something that is not a registry",
+                      node=self.kernel.node, answer=type(registry).__name__)  # fmt: skip
             return False
+        with _ATTACHED_LOCK:
+            holder = _ATTACHED.get(id(registry))
+            if holder is not None and holder[0]() is registry:
+                log.error("metrics not added: the registry holds another kernel's series already",
+                          node=self.kernel.node)  # fmt: skip
+                return False
+            try:
+                registry.register(self.collector)
+            except Exception as exc:  # names another collector there exports already, or a registry that raises
+                log.error("metrics not added to the registry", node=self.kernel.node, error=f"{type(exc).__name__}: "
+                          f"{exc}")  # fmt: skip
+                return False
+            _ATTACHED[id(registry)] = (weakref.ref(registry), self)
         with self._lock:
             self._external.append(registry)
         return True
@@ -334,7 +362,11 @@ class Metrics:
             server.shutdown()
             server.server_close()
         for registry in external:
+            with _ATTACHED_LOCK:
+                _ATTACHED.pop(id(registry), None)
             try:
                 registry.unregister(self.collector)
             except Exception as exc:  # gone already: nothing to take out
                 log.debug("metrics collector not unregistered", error=repr(exc))
+        self.port = None
+        self.collector.closed = True  # a scrape after close answers nothing rather than a closed kernel's figures

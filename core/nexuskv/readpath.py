@@ -146,7 +146,9 @@ class ReadPath:
                                     dict(args["bandwidth_scale"]), args["prefetch_target"],  # type: ignore[call-overload]
                                     frozenset(recorder.denied), recorder.links, shared or {},
                                     at=args["now"])  # type: ignore[arg-type]  # fmt: skip
-        self.decisions.record(plan, t0, inputs=inputs, policies=policies if capture else None)
+        # the policy that decided: the tenant's own file, or `default` (a bounded label, whoever the caller names)
+        policy = plan.tenant if policies is not None and plan.tenant in policies.sets else "default"
+        self.decisions.record(plan, t0, inputs=inputs, policies=policies if capture else None, policy=policy)
         return plan
 
     def _shared_state(self, request: Request, end: float, seen: dict[tuple[str, str], Match] | None, owner: str,
