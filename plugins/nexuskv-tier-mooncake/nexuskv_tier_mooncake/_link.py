@@ -49,6 +49,9 @@ class MasterLink:
         self._stage: RegisteredBuffer | None = None  # put: header + payload copied here, then put_from
         self._scratch: RegisteredBuffer | None = None  # get, when the local buffer is exhausted
         self._buffer_lock = threading.Lock()
+        self._closed = False
+        self._readers = 0  # gets using the client now: close waits for them (closing under a reader crashes)
+        self._idle = threading.Condition()
         self._conn_lock = threading.Lock()
         self._down_until = 0.0
         self._suspect = False  # a call failed: probe the master before the next one, then re-check what is held
@@ -82,8 +85,28 @@ class MasterLink:
         if why:
             raise self.failed(f"master does not answer: {why}")
 
+    def enter(self) -> Any:
+        """`connected()` for a reader that does not hold the store's write lock; pair it with `leave()`."""
+        with self._idle:
+            if self._closed:
+                raise self._error("the store is closed")
+            self._readers += 1
+        try:
+            return self.connected()
+        except BaseException:
+            self.leave()
+            raise
+
+    def leave(self) -> None:
+        """A reader from `enter()` is done with the client."""
+        with self._idle:
+            self._readers -= 1
+            self._idle.notify_all()
+
     def connected(self) -> Any:
         """The client, set up on first use; raises `MooncakeTierError` at once while the master does not answer."""
+        if self._closed:  # never set up again after close (it would mount a segment nobody closes)
+            raise self._error("the store is closed")
         if self._master_down:
             raise self._error(f"master does not answer: {self._master_down}")
         now = time.monotonic()
@@ -173,13 +196,17 @@ class MasterLink:
     def close(self) -> None:
         """Close the client; with the master unreachable it is left behind instead (Mooncake's close would stall)."""
         self._stop.set()
-        with self._conn_lock:
+        with self._idle:
+            self._closed = True
+            idle = self._idle.wait_for(lambda: self._readers == 0, timeout=10.0)
+        with self._conn_lock, self._buffer_lock:
             client, self.client = self.client, None
-        buffers = [b for b in (self._stage, self._scratch) if b is not None]
-        self._stage = self._scratch = None
+            buffers = [b for b in (self._stage, self._scratch) if b is not None]
+            self._stage = self._scratch = None
         if client is None:
             return
-        why = master_answers(self._host, self._port, self.probe_timeout_s)
+        why = "" if idle else "a reader still uses the client"
+        why = why or master_answers(self._host, self._port, self.probe_timeout_s)
         if why:
             log.warning("mooncake master unreachable at close; its client is left behind", tier=self.tier,
                         master=self.master, error=why)  # fmt: skip

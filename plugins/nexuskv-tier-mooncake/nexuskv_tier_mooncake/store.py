@@ -180,7 +180,11 @@ class MooncakeStore:
         expired: _Evicted = []
         with self._write_lock:
             client = self._connected()
-            self._housekeeping(client, expired)
+            try:
+                self._housekeeping(client, expired)
+            except BaseException:
+                self._notify(expired)  # what expired before the failure is gone: the kernel hears of it
+                raise
             if key in self._doomed and not self._remove_doomed(client, key):
                 self._notify(expired)
                 return False
@@ -192,17 +196,21 @@ class MooncakeStore:
                 self._notify(expired)
                 return False
             evicted: _Evicted = []
+            refused = False
             try:
                 for v in victims:
-                    self._remove(client, v.key, v.size)
+                    refused |= not self._remove(client, v.key, v.size)  # a read lease: its room comes later
                     with self._lock:
                         s = bytes.fromhex(v.key.rpartition("/")[2])
                         if self._forget(s, v):
                             self.floor = max(self.floor, v.priority)  # GreedyDual aging
                             self.evictions += 1
                             evicted.append((s, v.descriptor, None))
+                if refused:  # storing now would go over capacity until the lease ends: refuse, as a full tier does
+                    self._notify(expired + evicted)
+                    return False
                 rc = self._link.put_object(client, key, header, view)
-            except MooncakeTierError:
+            except BaseException:
                 self._notify(expired + evicted)
                 raise
             if rc in NO_ROOM:
@@ -272,7 +280,15 @@ class MooncakeStore:
         key = e.key if e is not None else self.key_of(slot)
         if e is None and key in self._doomed:  # deleted here; its removal waits on a lease
             return None
-        client = self._connected()
+        client = self._link.enter()  # counted: close waits for this read before it closes the client
+        try:
+            if self._resync:
+                self._sync(client)
+            return self._read(slot, e, key, client)
+        finally:
+            self._link.leave()
+
+    def _read(self, slot: bytes, e: Entry | None, key: str, client: Any) -> StoredState | None:
         handle = client.get_buffer(key)
         if handle is not None:
             view = memoryview(handle).cast("B")  # Mooncake exports signed chars ("b")
@@ -445,5 +461,9 @@ class MooncakeStore:
         return len(self._slots)
 
     def close(self) -> None:
-        """Close the client (objects in this process's segment go with it); never waits on a dead master."""
-        self._link.close()
+        """Close the client (objects in this process's segment go with it); never waits on a dead master.
+
+        Puts and deletes finish first (the write lock), reads too (counted); calls after close raise.
+        """
+        with self._write_lock:
+            self._link.close()
