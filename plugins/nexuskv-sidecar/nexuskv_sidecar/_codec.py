@@ -124,7 +124,13 @@ def nodes(data: Any) -> list[NodeState]:
     """A route body's `nodes`: a list of node states."""
     if not isinstance(data, list) or not data:
         raise ApiError(400, "nodes: expected a non-empty list", [("nodes", "expected a non-empty list")])
-    return [_attrs(NodeState, d, f"nodes[{i}]") for i, d in enumerate(data)]
+    nodes = [_attrs(NodeState, d, f"nodes[{i}]") for i, d in enumerate(data)]
+    seen: set[str] = set()
+    for i, n in enumerate(nodes):
+        if n.node in seen:
+            raise ApiError(400, f"nodes[{i}]: node {n.node!r} is given twice", [(f"nodes[{i}].node", "given twice")])
+        seen.add(n.node)
+    return nodes
 
 
 def load_report(data: Any, plan: Plan) -> LoadReport:

@@ -77,6 +77,8 @@ class SidecarConfig:
         if not 0 <= port < 65536:
             raise ConfigError(f"{origin}: port: {port} is not a TCP port (0 picks a free one)")
         max_body = _typed(data, "max_body_bytes", int, 64 << 20, origin)
+        if max_body < 1024:
+            raise ConfigError(f"{origin}: max_body_bytes: {max_body} is too small to take any request (at least 1024)")
         auth = data.get("auth", {})
         if not isinstance(auth, Mapping):
             raise ConfigError(f"{origin}: auth: expected a table of tenant = [tokens], got {type(auth).__name__}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import concurrent.futures
 import functools
 import uuid
@@ -63,6 +64,7 @@ class _Api:
         # the kernel's blocking calls (commit, materialize, report, status, metrics) run here, never on the loop
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="nexuskv-sidecar")
         self.streams = Streams()
+        self._reported: collections.OrderedDict[str, None] = collections.OrderedDict()  # decision ids (loop thread)
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` on the sidecar's pool."""
@@ -116,8 +118,8 @@ class _Api:
             raise ApiError(400, f"invalid {exc.contract}", exc.problems) from None
         self.allow(caller, req.tenant)
         session = http.query_params.get("session") or None
-        if session is not None:
-            session = f"{req.tenant}/{session}"  # sessions are the tenant's own: no tenant can evict another's
+        if session is not None:  # sessions are the tenant's own (length-prefixed: no two tenants' names collide)
+            session = f"{len(req.tenant)}:{req.tenant}/{session}"
         try:
             plan = self.kernel.plan(req, session=session)
         except Exception as exc:  # the kernel fails open by itself; this is the net under a defect
@@ -185,13 +187,20 @@ class _Api:
         if not self.kernel.plan_seal.check(plan):
             raise ApiError(403, "plan: its MAC does not check (not a plan this deployment made, or altered)")
         report = _codec.load_report(_codec.field(data, "report"), plan)
+        if plan.decision_id in self._reported:  # breakers are shared: one plan moves them once, however resent
+            raise ApiError(409, f"plan {plan.decision_id} was reported already")
         keys = None
         if "request" in data:
             req: Request = _codec.contract(Request, data["request"], "request")
             self.allow(caller, req.tenant)
             if req.request_id != plan.request_id:
                 raise ApiError(400, "request: not the request the plan answers (request_id differs)")
-            keys = await self.run(self.kernel.keys, req)
+            # the keys the plan loaded: the owner's namespace when it read another tenant's shared state
+            keys = await self.run(self.kernel.keyring.under, plan.namespace, req) if plan.namespace is not None \
+                else await self.run(self.kernel.keys, req)  # fmt: skip
+        self._reported[plan.decision_id] = None
+        while len(self._reported) > 100_000:
+            self._reported.popitem(last=False)
         start = await self.run(self.kernel.report_load_result, plan, report, keys=keys)
         return {"recompute_from": start}
 
@@ -348,4 +357,5 @@ def create_app(kernel: Kernel, tokens: Mapping[bytes, str], *, max_body_bytes: i
         ("GET", "/healthz"): api.healthz,
         ("GET", "/v1/openapi.json"): api.spec,
     }
+    routes.update({("HEAD", path): fn for (method, path), fn in list(routes.items()) if method == "GET"})
     return SidecarApp(api, routes)

@@ -46,7 +46,11 @@ class _Unavailable(Exception):
 
 
 class SidecarClient:
-    """A client of one sidecar (`url` like `http://127.0.0.1:8470`) acting with one bearer token."""
+    """A client of one sidecar (`url` like `http://127.0.0.1:8470`) acting with one bearer token.
+
+    `timeout_s` bounds each socket operation (connect, send, each read), as `http.client` does: a server that
+    answers, but trickles its answer, can stretch a call past it.
+    """
 
     def __init__(self, url: str, token: str, *, timeout_s: float = 1.0) -> None:
         parts = urlsplit(url)
@@ -91,7 +95,7 @@ class SidecarClient:
         for where, data in payloads.items():
             block, group = where if isinstance(where, tuple) else (where, 0)
             items.append({"block": block, "group": group, "data": base64.b64encode(bytes(data)).decode()})
-        return self._must("POST", "/v1/commit", {"request": _req(request), "payloads": items})
+        return self._must("POST", "/v1/commit", {"request": _req(request), "payloads": items}, retry=False)
 
     def materialize(self, plan: Plan, request: Request | Mapping[str, Any], *,
                     payloads: bool = False) -> dict[str, Any]:  # fmt: skip
@@ -99,10 +103,17 @@ class SidecarClient:
         path = "/v1/materialize" + ("?payloads=1" if payloads else "")
         return self._must("POST", path, {"plan": to_dict(plan), "request": _req(request)})
 
-    def report(self, plan: Plan, report: LoadReport | Mapping[str, Any]) -> int:
-        """Report how restoring a plan went; returns the token to recompute from."""
+    def report(self, plan: Plan, report: LoadReport | Mapping[str, Any],
+               request: Request | Mapping[str, Any] | None = None) -> int:  # fmt: skip
+        """Report how restoring a plan went (once per plan); returns the token to recompute from.
+
+        With the plan's `request`, a block reported corrupt is quarantined (the sidecar then knows its key).
+        """
         rep = to_dict(report) if isinstance(report, LoadReport) else dict(report)
-        return int(self._must("POST", "/v1/report", {"plan": to_dict(plan), "report": rep})["recompute_from"])
+        body = {"plan": to_dict(plan), "report": rep}
+        if request is not None:
+            body["request"] = _req(request)
+        return int(self._must("POST", "/v1/report", body, retry=False)["recompute_from"])
 
     def status(self) -> dict[str, Any]:
         """The kernel's status (an operator token)."""
@@ -110,9 +121,9 @@ class SidecarClient:
 
     # ------------------------------------------------------------------------------------------ plumbing
 
-    def _must(self, method: str, path: str, body: Any) -> Any:
+    def _must(self, method: str, path: str, body: Any, retry: bool = True) -> Any:
         try:
-            return self._call(method, path, body)
+            return self._call(method, path, body, retry)
         except _Unavailable as exc:
             raise ConnectionError(f"sidecar {exc}") from None
 
@@ -127,7 +138,7 @@ class SidecarClient:
             self._conns.add(conn)
         return conn, False
 
-    def _call(self, method: str, path: str, body: Any) -> Any:
+    def _call(self, method: str, path: str, body: Any, retry: bool = True) -> Any:
         data = orjson.dumps(body) if body is not None else None
         while True:
             conn, reused = self._conn()
@@ -141,7 +152,9 @@ class SidecarClient:
                 raise _Unavailable(f"timed out after {self.timeout_s} s") from None
             except _STALE as exc:
                 self._drop(conn)
-                if not reused:  # only a kept-alive connection the server closed while idle is tried again, once
+                # a kept-alive connection the server closed is tried again, once, for calls that are safe to repeat
+                # (the call may have reached the server: a commit or a report is never sent twice)
+                if not reused or not retry:
                     raise _Unavailable(f"unreachable: {type(exc).__name__}: {exc}") from None
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(conn)

@@ -273,3 +273,24 @@ def test_streams_are_capped_and_end_when_the_sidecar_stops(kernel):
     assert [a.read() for a in answers] == [b""] * MAX_STREAMS
     for conn in conns:
         conn.close()
+
+
+def test_a_plan_is_reported_once_and_nodes_are_named_once(sidecar, kernel):
+    req = make_request(range(128))
+    commit_all(kernel, req)
+    status, plan = call(sidecar.port, "POST", "/v1/plan", to_dict(req))
+    body = {"plan": plan, "report": {"ok": False, "failed_block": 2, "tier": "dram", "timeout": True}}
+    assert call(sidecar.port, "POST", "/v1/report", body)[0] == 200
+    status, answer = call(sidecar.port, "POST", "/v1/report", body)  # resent: a shared breaker moves once
+    assert status == 409 and answer["error"] == f"plan {plan['decision_id']} was reported already"
+    nodes = [{"node": "n1"}, {"node": "n1", "waiting_requests": 3}]
+    status, answer = call(sidecar.port, "POST", "/v1/route", {"request": to_dict(req), "nodes": nodes})
+    assert status == 400 and answer["error"] == "nodes[1]: node 'n1' is given twice"
+
+
+def test_head_answers_like_get(sidecar):
+    conn = http.client.HTTPConnection("127.0.0.1", sidecar.port, timeout=30)
+    conn.request("HEAD", "/healthz")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read() == b"" and int(resp.getheader("content-length")) > 0
+    conn.close()

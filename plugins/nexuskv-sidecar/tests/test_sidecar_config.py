@@ -49,6 +49,7 @@ rag = ["env:RAG_TOKEN"]
     ('port = "8470"', "port: expected int, got str"),
     ('port = 70000', "port: 70000 is not a TCP port"),
     ('port = ', "sidecar.toml: Invalid value"),
+    ('max_body_bytes = -1', "max_body_bytes: -1 is too small to take any request"),
 ])
 def test_config_mistakes_are_located(tmp_path, text, message):
     with pytest.raises(ConfigError) as err:

@@ -146,7 +146,7 @@ impl Client {
         let conn = self.conn.as_mut().expect("connected");
         let head = format!(
             "{} {} HTTP/1.1\r\nHost: {}:{}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            method, path, self.host, self.port, self.token, body.len()
+            method, path, host_header(&self.host), self.port, self.token, body.len()
         );
         let stream = conn.get_mut();
         let stale = |e: std::io::Error| Failed { stale: is_stale(&e), why: io_why(e) };
@@ -190,16 +190,24 @@ impl Client {
                 line.clear();
                 remaining(conn, deadline).map_err(late)?;
                 conn.read_line(&mut line).map_err(|e| late(io_why(e)))?;
-                let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
                     .map_err(|_| late("answered a bad chunk size".into()))?;
+                if size == 0 {
+                    loop {
+                        // trailers (if any), up to the empty line that ends the message
+                        line.clear();
+                        remaining(conn, deadline).map_err(late)?;
+                        if conn.read_line(&mut line).map_err(|e| late(io_why(e)))? == 0 || line.trim().is_empty() {
+                            break;
+                        }
+                    }
+                    break;
+                }
                 let start = buf.len();
                 buf.resize(start + size + 2, 0); // the chunk and its CRLF
                 remaining(conn, deadline).map_err(late)?;
                 conn.read_exact(&mut buf[start..]).map_err(|e| late(io_why(e)))?;
                 buf.truncate(start + size);
-                if size == 0 {
-                    break; // (no trailers are sent by the sidecar)
-                }
             }
         } else if let Some(n) = length {
             buf.resize(n, 0);
@@ -217,13 +225,23 @@ impl Client {
     }
 }
 
-/// Bound the next read by what is left of the call's time (a server that trickles bytes cannot stretch it).
+/// Bound the next read by what is left of the call's time. (Each read call gets the time left when it starts: a
+/// server that trickles bytes slowly can still stretch a call past its timeout; it never hangs it for good.)
 fn remaining(conn: &BufReader<TcpStream>, deadline: Instant) -> Result<(), String> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err("timed out".into());
     }
     conn.get_ref().set_read_timeout(Some(left)).map_err(io_why)
+}
+
+/// The Host header's host: an IPv6 address in brackets.
+fn host_header(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{}]", host)
+    } else {
+        host.to_string()
+    }
 }
 
 fn is_stale(e: &std::io::Error) -> bool {
