@@ -357,5 +357,7 @@ def create_app(kernel: Kernel, tokens: Mapping[bytes, str], *, max_body_bytes: i
         ("GET", "/healthz"): api.healthz,
         ("GET", "/v1/openapi.json"): api.spec,
     }
-    routes.update({("HEAD", path): fn for (method, path), fn in list(routes.items()) if method == "GET"})
+    # HEAD answers like GET (uvicorn sends no body), except for the stream, which would never end
+    routes.update({("HEAD", path): fn for (method, path), fn in list(routes.items())
+                   if method == "GET" and path != "/v1/decisions"})  # fmt: skip
     return SidecarApp(api, routes)
