@@ -1,4 +1,4 @@
-"""Shared helpers for the bench scripts: interleaved timing and RESULT lines."""
+"""Shared helpers for the bench scripts: interleaved timing, RESULT lines, a tier bench's descriptor."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 30, inner: int = 5) -> dict[str, float]:
@@ -46,3 +47,23 @@ def _time_once(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def tier_descriptor(key: bytes, data: bytes, tier: str) -> Any:
+    """A valid descriptor of `data` stored under `key` in `tier` (what a tier bench puts next to its payloads)."""
+    from nexuskv import (
+        Layout,
+        ModelIdentity,
+        Namespace,
+        Placement,
+        StateDescriptor,
+        StateGroup,
+        TokenizerIdentity,
+        TokenSpan,
+        checksum,
+    )
+
+    return StateDescriptor(key=key.hex(), namespace=Namespace(tenant="bench"), model=ModelIdentity(name="bench"),
+                           tokenizer=TokenizerIdentity(name="bench"),
+                           layout=Layout(groups=[StateGroup(kind="dense", layers=1)]), span=TokenSpan(0, 16),
+                           nbytes=len(data), checksum=checksum(data), placement=Placement(tier, "bench"))  # fmt: skip

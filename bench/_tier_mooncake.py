@@ -8,56 +8,18 @@ sides read the same segment through the same transfer engine), stops it and retu
 from __future__ import annotations
 
 import ctypes
-import gc
 import mmap
 import os
-import statistics
-import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from nexuskv import (
-    Layout,
-    ModelIdentity,
-    Namespace,
-    Placement,
-    StateDescriptor,
-    StateGroup,
-    TokenizerIdentity,
-    TokenSpan,
-    checksum,
-)
+from _common import interleaved, tier_descriptor
+from nexuskv import StateDescriptor
 from nexuskv_tier_mooncake import MooncakeStore
 from nexuskv_tier_mooncake.testing import MooncakeMaster
 
 __all__ = ["run"]
-
-
-def _descriptor(key: bytes, data: bytes) -> StateDescriptor:
-    return StateDescriptor(key=key.hex(), namespace=Namespace(tenant="bench"), model=ModelIdentity(name="bench"),
-                           tokenizer=TokenizerIdentity(name="bench"),
-                           layout=Layout(groups=[StateGroup(kind="dense", layers=1)]), span=TokenSpan(0, 16),
-                           nbytes=len(data), checksum=checksum(data),
-                           placement=Placement("mooncake", "bench"))  # fmt: skip
-
-
-def _median_times(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median seconds of each function, called in alternation (in dict order) `rounds` times after a warm-up."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                t0 = time.perf_counter()
-                fn()
-                samples[name].append(time.perf_counter() - t0)
-    finally:
-        gc.enable()
-    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def run(sizes: Iterable[int] = (1 << 20, 16 << 20), rounds: int = 41) -> list[dict[str, Any]]:
@@ -86,9 +48,11 @@ def run(sizes: Iterable[int] = (1 << 20, 16 << 20), rounds: int = 41) -> list[di
                 region[:size] = data
                 key = os.urandom(16)
                 slot = key + b"\x00"
-                desc = _descriptor(key, data)
+                desc = tier_descriptor(key, data, "mooncake")
                 native = f"native/{key.hex()}"
-                assert store.put(slot, data, desc) and client.put_from(native, ptr, size) == 0
+                # the slot the gets read ranks above the puts' objects: their evictions take earlier puts (never
+                # read, so never under a read lease, which would make the tier refuse the put)
+                assert store.put(slot, data, desc, priority=1.0) and client.put_from(native, ptr, size) == 0
 
                 def get(slot: bytes = slot, size: int = size) -> None:
                     got = store.get(slot)
@@ -106,8 +70,8 @@ def run(sizes: Iterable[int] = (1 << 20, 16 << 20), rounds: int = 41) -> list[di
                     client.remove(k, True)
                     assert client.put_from(k, ptr, size) == 0
 
-                gets = _median_times({"get_s": get, "base_get_s": base_get}, rounds)
-                puts = _median_times({"put_s": put, "base_put_s": base_put}, max(5, rounds // 4))
+                gets = interleaved({"get_s": get, "base_get_s": base_get}, rounds, inner=1)
+                puts = interleaved({"put_s": put, "base_put_s": base_put}, max(5, rounds // 4), inner=1)
                 out.append({"tier": "mooncake", "size": size, **gets, **puts})
                 for s in list(store.slots()):
                     store.delete(s)

@@ -6,56 +6,17 @@ dict per payload size; `bench/tiers.py` turns them into RESULT lines.
 
 from __future__ import annotations
 
-import gc
 import os
-import statistics
-import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from nexuskv import (
-    Layout,
-    ModelIdentity,
-    Namespace,
-    Placement,
-    StateDescriptor,
-    StateGroup,
-    TokenizerIdentity,
-    TokenSpan,
-    checksum,
-)
+from _common import interleaved, tier_descriptor
 from nexuskv_tier_redis import RedisStore
 from nexuskv_tier_redis._private import make_client
 from nexuskv_tier_redis.testing import RedisServer
 
 __all__ = ["run"]
-
-
-def _descriptor(key: bytes, data: bytes) -> StateDescriptor:
-    return StateDescriptor(key=key.hex(), namespace=Namespace(tenant="bench"), model=ModelIdentity(name="bench"),
-                           tokenizer=TokenizerIdentity(name="bench"),
-                           layout=Layout(groups=[StateGroup(kind="dense", layers=1)]), span=TokenSpan(0, 16),
-                           nbytes=len(data), checksum=checksum(data),
-                           placement=Placement("redis", "bench"))  # fmt: skip
-
-
-def _median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, called in alternation (in dict order) `repeats` times after a warm-up."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                t0 = time.perf_counter()
-                fn()
-                samples[name].append(time.perf_counter() - t0)
-    finally:
-        gc.enable()
-    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def run(sizes: Iterable[int] = (1 << 20, 16 << 20), repeats: int = 7) -> list[dict[str, Any]]:
@@ -76,7 +37,7 @@ def run(sizes: Iterable[int] = (1 << 20, 16 << 20), repeats: int = 7) -> list[di
                 data = os.urandom(size)
                 key = os.urandom(16)
                 slot = key + b"\x00"
-                desc = _descriptor(key, data)
+                desc = tier_descriptor(key, data, "redis")
                 plain_key = b"plain:" + key.hex().encode()
 
                 def get(slot: bytes = slot, size: int = size) -> None:
@@ -87,12 +48,12 @@ def run(sizes: Iterable[int] = (1 << 20, 16 << 20), repeats: int = 7) -> list[di
                     got = plain.get(k)
                     assert got is not None and len(got) == size  # type: ignore[arg-type]
 
-                times = _median_times({
+                times = interleaved({
                     "put_s": lambda s=slot, d=data, ds=desc: store.put(s, d, ds),
                     "base_put_s": lambda k=plain_key, d=data: plain.set(k, d),
                     "get_s": get,
                     "base_get_s": base_get,
-                }, repeats)  # fmt: skip
+                }, repeats, inner=1)  # fmt: skip
                 out.append({"tier": "redis", "size": size, **times})
                 store.delete(slot)
                 plain.delete(plain_key)
