@@ -72,10 +72,6 @@ class _Api:
 
     # ------------------------------------------------------------------------------------------ plumbing
 
-    def caller(self, http: HttpRequest) -> str:
-        """The tenant the bearer token acts for (`*`: the operator); 401 without a known token."""
-        return http.caller or self.authenticate(http.headers)
-
     def authenticate(self, headers: Mapping[str, str]) -> str:
         """The tenant of the request's bearer token; 401 without a known token."""
         header = headers.get("authorization", "")
@@ -99,15 +95,22 @@ class _Api:
             raise ApiError(403, f"this token acts for tenant {caller!r}, not {tenant!r}")
 
     @staticmethod
-    async def body(http: HttpRequest) -> Any:
-        """The request's JSON body."""
-        return _codec.decode(http.body)
+    def object_body(http: HttpRequest, keys: set[str]) -> Mapping[str, Any]:
+        """The request's JSON object body, with no field beyond `keys`."""
+        data = _object(_codec.decode(http.body))
+        _codec.check_keys(data, keys)
+        return data
+
+    def tenant_request(self, http: HttpRequest, data: Mapping[str, Any]) -> Request:
+        """The body's `request`, of a tenant the caller's token acts for."""
+        req: Request = _codec.contract(Request, _codec.field(data, "request"), "request")
+        self.allow(http.caller, req.tenant)
+        return req
 
     # ------------------------------------------------------------------------------------------ operations
 
     async def plan(self, http: HttpRequest) -> Any:
         """POST /v1/plan: a `Request` in, a `Plan` out (query `session` continues a session's key chain)."""
-        caller = self.caller(http)
         if not http.body:
             raise ApiError(400, "empty body: expected a JSON object")
         try:
@@ -116,7 +119,7 @@ class _Api:
             if exc.problems and exc.problems[0][1].startswith("not JSON"):
                 raise ApiError(400, f"body is {exc.problems[0][1]}") from None
             raise ApiError(400, f"invalid {exc.contract}", exc.problems) from None
-        self.allow(caller, req.tenant)
+        self.allow(http.caller, req.tenant)
         session = http.query_params.get("session") or None
         if session is not None:  # sessions are the tenant's own (length-prefixed: no two tenants' names collide)
             session = f"{len(req.tenant)}:{req.tenant}/{session}"
@@ -129,22 +132,16 @@ class _Api:
 
     async def route(self, http: HttpRequest) -> Any:
         """POST /v1/route: `{"request": Request, "nodes": [NodeState]}` in, a `RouteDecision` out."""
-        caller = self.caller(http)
-        data = await self.body(http)
-        _codec.check_keys(_object(data), {"request", "nodes"})
-        req: Request = _codec.contract(Request, _codec.field(data, "request"), "request")
-        self.allow(caller, req.tenant)
+        data = self.object_body(http, {"request", "nodes"})
+        req = self.tenant_request(http, data)
         nodes = _codec.nodes(_codec.field(data, "nodes"))
         decision = self.kernel.route(req, nodes)
         return to_dict(decision)
 
     async def commit(self, http: HttpRequest) -> Any:
         """POST /v1/commit: `{"request": Request, "payloads": [{block, group, data}]}`; accepted and refused."""
-        caller = self.caller(http)
-        data = await self.body(http)
-        _codec.check_keys(_object(data), {"request", "payloads"})
-        req: Request = _codec.contract(Request, _codec.field(data, "request"), "request")
-        self.allow(caller, req.tenant)
+        data = self.object_body(http, {"request", "payloads"})
+        req = self.tenant_request(http, data)
         payloads = _codec.payloads(_codec.field(data, "payloads"), req)
         result = await self.run(self.kernel.commit, req, payloads)
         return {"accepted": result.accepted, "refused": result.refused}
@@ -155,13 +152,10 @@ class _Api:
         The answer is metadata (each loaded state's descriptor); with query `payloads=1` each state also carries
         its bytes in base64. Load problems are not errors: `tokens` says where to recompute from.
         """
-        caller = self.caller(http)
-        data = await self.body(http)
-        _codec.check_keys(_object(data), {"plan", "request"})
+        data = self.object_body(http, {"plan", "request"})
         plan: Plan = _codec.contract(Plan, _codec.field(data, "plan"), "plan")
-        req: Request = _codec.contract(Request, _codec.field(data, "request"), "request")
-        self.allow(caller, req.tenant)
-        self.allow(caller, plan.tenant)
+        req = self.tenant_request(http, data)
+        self.allow(http.caller, plan.tenant)
         with_payloads = http.query_params.get("payloads", "") in ("1", "true")
         done = await self.run(self.kernel.materialize, plan, req)
         states = []
@@ -179,11 +173,9 @@ class _Api:
         The plan must be one this deployment sealed (a report moves breakers every tenant shares), the report's
         tier one the plan reads from. With the request, a corrupt block is quarantined (its keys are known).
         """
-        caller = self.caller(http)
-        data = await self.body(http)
-        _codec.check_keys(_object(data), {"plan", "report", "request"})
+        data = self.object_body(http, {"plan", "report", "request"})
         plan: Plan = _codec.contract(Plan, _codec.field(data, "plan"), "plan")
-        self.allow(caller, plan.tenant)
+        self.allow(http.caller, plan.tenant)
         if not self.kernel.plan_seal.check(plan):
             raise ApiError(403, "plan: its MAC does not check (not a plan this deployment made, or altered)")
         report = _codec.load_report(_codec.field(data, "report"), plan)
@@ -191,8 +183,7 @@ class _Api:
             raise ApiError(409, f"plan {plan.decision_id} was reported already")
         keys = None
         if "request" in data:
-            req: Request = _codec.contract(Request, data["request"], "request")
-            self.allow(caller, req.tenant)
+            req = self.tenant_request(http, data)
             if req.request_id != plan.request_id:
                 raise ApiError(400, "request: not the request the plan answers (request_id differs)")
             # the keys the plan loaded: the owner's namespace when it read another tenant's shared state
@@ -206,12 +197,12 @@ class _Api:
 
     async def status(self, http: HttpRequest) -> Any:
         """GET /v1/status: the kernel's status (operator only)."""
-        self.allow(self.caller(http), OPERATOR)
+        self.allow(http.caller, OPERATOR)
         return await self.run(status_of, self.kernel)
 
     async def metrics(self, http: HttpRequest) -> Any:
         """GET /metrics: the kernel's Prometheus series in the text format (operator only)."""
-        self.allow(self.caller(http), OPERATOR)
+        self.allow(http.caller, OPERATOR)
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         registry = self.kernel.metrics.registry
@@ -224,7 +215,7 @@ class _Api:
         sends the last N records kept; `?limit=N` ends the stream after N records. A caller that reads too slowly
         loses records (counted in the `nexuskv_decision_subscriber_drops_total` series), never slows a plan.
         """
-        caller = self.caller(http)
+        caller = http.caller
         tenant = http.query_params.get("tenant") or (None if caller == OPERATOR else caller)
         if tenant is not None:
             self.allow(caller, tenant)
