@@ -14,9 +14,8 @@ from typing import Any
 import celpy
 import celpy.celtypes as ct
 
-from nexuskv.policy._celvalues import TypeValue, Uint
-from nexuskv.policy._textproto import Message
-from nexuskv.policy.conformance import Case, Outcome, decode_value, same
+from nexuskv.cel import TypeValue, Uint
+from nexuskv.cel.conformance import Case, Message, Outcome, decode_value, same
 
 _TYPE_NAMES = {ct.IntType: "int", ct.UintType: "uint", ct.DoubleType: "double", ct.BoolType: "bool",
                ct.StringType: "string", ct.BytesType: "bytes", ct.ListType: "list", ct.MapType: "map",

@@ -13,7 +13,7 @@ from typing import Any
 
 from _common import interleaved, tier_descriptor
 from nexuskv_tier_redis import RedisStore
-from nexuskv_tier_redis._private import make_client
+from nexuskv_tier_redis.client import make_client
 from nexuskv_tier_redis.testing import RedisServer
 
 __all__ = ["run"]

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from nexuskv.policy.conformance import load_cases, protobuf_reason, run_case
+from nexuskv.cel.conformance import load_cases, protobuf_reason, run_case
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _celpy_conformance

@@ -31,8 +31,7 @@ import redis
 import torch
 
 from _common import machine_speed, result
-from nexuskv import Kernel, KernelConfig, LinkCost
-from nexuskv.logs import configure_logging
+from nexuskv import Kernel, KernelConfig, LinkCost, configure_logging
 from nexuskv_tier_redis._index_sync import publish_ops, stale
 from nexuskv_tier_redis.cluster_testing import Cluster, NetNS, NodeError, shaped_link_flip
 from nexuskv_transformers.calibrate import calibrate, save

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attrs
 
 from _common import result
-from nexuskv.logs import configure_logging
+from nexuskv import configure_logging
 from nexuskv_sim.calibrate import measured_profile
 from nexuskv_sim.kvtier import KernelTier
 from nexuskv_sim.metrics import summary

@@ -20,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 
 from _common import machine_speed, result
-from nexuskv import Kernel
-from nexuskv.logs import configure_logging
+from nexuskv import Kernel, configure_logging
 from nexuskv_transformers.calibrate import calibrate, plot, save
 from nexuskv_transformers.connector import TransformersConnector
 from nexuskv_transformers.demo import SECRET, RunResult, demo_config, run_workload

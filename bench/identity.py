@@ -26,8 +26,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, machine_speed, result
-from nexuskv import BlockKeyer, DictIndex, Layout, Location, ModelIdentity, Request, StateGroup, TokenizerIdentity
-from nexuskv.identity import checksum, verify_checksum
+from nexuskv import (
+    BlockKeyer,
+    DictIndex,
+    Layout,
+    Location,
+    ModelIdentity,
+    Request,
+    StateGroup,
+    TokenizerIdentity,
+    checksum,
+    verify_checksum,
+)
 
 try:
     from nexuskv_native import NativeIndex, NativeKeyer

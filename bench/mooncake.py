@@ -20,7 +20,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 
 import _tier_mooncake  # noqa: E402
 from _common import machine_speed, result  # noqa: E402
-from nexuskv.logs import configure_logging  # noqa: E402
+from nexuskv import configure_logging  # noqa: E402
 
 
 def main() -> None:

@@ -35,8 +35,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_speed, result
-from nexuskv import Kernel, KernelConfig, Layout, Location, ModelIdentity, Request, StateGroup, TokenizerIdentity
-from nexuskv.logs import configure_logging
+from nexuskv import (
+    Kernel,
+    KernelConfig,
+    Layout,
+    Location,
+    ModelIdentity,
+    Request,
+    StateGroup,
+    TokenizerIdentity,
+    configure_logging,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = 16

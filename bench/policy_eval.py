@@ -18,10 +18,9 @@ from typing import Any
 import attrs
 import celpy
 
-from nexuskv import contracts as c
-from nexuskv.policy import BOOL, Env, compile_expr, message_type
-from nexuskv.policy.loader import Policies
-from nexuskv.policy.model import Candidate
+import nexuskv as c
+from nexuskv import Candidate, Policies
+from nexuskv.cel import BOOL, Env, compile_expr, message_type
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -42,9 +42,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_speed, result
-from nexuskv import Kernel, KernelConfig, Layout, ModelIdentity, Request, StateGroup, TokenizerIdentity
-from nexuskv.logs import configure_logging
-from nexuskv.policy.bundle import PolicyBundle, bundle_revision, policy_files
+from nexuskv import (
+    Kernel,
+    KernelConfig,
+    Layout,
+    ModelIdentity,
+    PolicyBundle,
+    Request,
+    StateGroup,
+    TokenizerIdentity,
+    configure_logging,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = 16
@@ -157,8 +165,9 @@ def main() -> None:
     pdir = work / "policies"
     shutil.copytree(ROOT / "policies", pdir, ignore=shutil.ignore_patterns("tests"))
     write_atomically(pdir / "default.toml", TAGGED.format(n=0))
-    gen_of = {PolicyBundle.from_directory(pdir).revision: 0}
-    files = {p.relative_to(pdir).as_posix(): p.read_text() for p in policy_files(pdir)}
+    first = PolicyBundle.from_directory(pdir)
+    gen_of = {first.revision: 0}
+    files = dict(first.files)
     cfg = KernelConfig(node="bench", policies=str(pdir), deadline_ms=DEADLINE_MS,
                        tiers={"dram": {"store": "dram", "capacity_bytes": "1GiB"}})  # fmt: skip
     rng = random.Random(1)
@@ -189,7 +198,7 @@ def main() -> None:
                 valid = n % 2 == 0
                 text = TAGGED.format(n=n) if valid else INVALID[(n // 2) % len(INVALID)].format(n=n)
                 if valid:  # the revision it will have, known before the watcher can load it
-                    gen_of[bundle_revision({**files, "default.toml": text})] = n
+                    gen_of[PolicyBundle(files={**files, "default.toml": text}).revision] = n
                 write_atomically(pdir / "default.toml", text)
                 time.sleep(PERIOD_S)
         planners.phase = "end"

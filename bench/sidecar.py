@@ -45,10 +45,10 @@ from nexuskv import (
     Request,
     StateGroup,
     TokenizerIdentity,
+    configure_logging,
     from_json,
     to_dict,
 )
-from nexuskv.logs import configure_logging
 from nexuskv_sidecar import Sidecar, SidecarConfig, digest
 
 ROOT = Path(__file__).resolve().parents[1]

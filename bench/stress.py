@@ -1,7 +1,7 @@
 """The long stress run: a million kernel operations from eight threads, every answer checked against the model.
 
 Run: `.venv/bin/python bench/stress.py [operations]` (default 1,000,000; a few minutes on two cores). It drives
-`nexuskv.stress.run` (see that module: tenants with and without share rules, sessions, extra inputs, commits,
+`nexuskv.testing.stress.run` (see that module: tenants with and without share rules, sessions, extra inputs, commits,
 evictions, demotions, promotions, prefetches, loads, plans with tight deadlines, plans reused for other
 tenants' requests) and prints what it did and found. `make test` runs the same harness, bounded.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result
-from nexuskv.logs import configure_logging
-from nexuskv.stress import run
+from nexuskv import configure_logging
+from nexuskv.testing.stress import run
 
 
 def main() -> None:

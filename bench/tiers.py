@@ -32,9 +32,9 @@ from nexuskv import (
     StateGroup,
     TokenizerIdentity,
     TokenSpan,
+    configure_logging,
 )
 from nexuskv.builtins.dram import DramStore
-from nexuskv.logs import configure_logging
 from nexuskv_tier_disk import codec as disk_codec
 from nexuskv_transformers.engine import Engine
 from nexuskv_transformers.models import build_model

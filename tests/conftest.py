@@ -8,15 +8,7 @@ import pytest
 import structlog
 from hypothesis import HealthCheck, settings
 
-from nexuskv import (
-    Kernel,
-    KernelConfig,
-    Layout,
-    ModelIdentity,
-    Request,
-    StateGroup,
-    TokenizerIdentity,
-)
+from nexuskv import Kernel, KernelConfig, Layout, ModelIdentity, Request, StateGroup, TokenizerIdentity
 
 # Shared, noisy machines: no per-example wall-clock deadline (a slow example is not a wrong one), fixed seeds.
 settings.register_profile("nexuskv", deadline=None, derandomize=True,

@@ -1,12 +1,18 @@
-"""Imports point one way: every kernel module sits on a floor and imports only from its own floor or below.
+"""The kernel's rooms and which way imports point: one floor per room, an order inside each, nothing pointing up.
 
-The floors are the ones docs/architecture.md draws. A new module must be placed on a floor here (the test fails
-for an unplaced module), the import graph must have no cycle, and builtins import only the public `nexuskv` API.
+`FLOORS` is the map docs/architecture.md draws (a test checks the page against it; `python tests/test_architecture.py
+--write` rewrites the page's table). Floors go from the bottom up; each is one room of `core/nexuskv/` (a
+subpackage), except the package root, which holds the bottom floor (the foundation) and the facade. Inside a floor,
+rungs go from the bottom up too. A module may import from a lower floor, a lower rung of its own floor, or its own
+rung (without a cycle). The tests fail on an unplaced module, an upward import, a cycle, a room spread over two
+floors, an oversized module or folder, and code outside the kernel (plugins, benches, examples) that imports a
+private kernel module.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,29 +20,42 @@ import pytest
 import nexuskv
 
 ROOT = Path(nexuskv.__file__).resolve().parent
+REPO = ROOT.parents[1]
 
-FLOORS: list[tuple[str, set[str]]] = [
-    ("contracts", {"errors", "units", "logs", "eviction", "hookspecs", "health", "_schema", "_tally", "contracts",
-                   "interfaces", "policy.types", "policy.verdict", "policy._celrt", "policy._tomlpos",
-                   "policy._celvalues", "policy._textproto", "policy._celtime", "policy._pause", "descriptors"}),
-    ("identity and policy", {"identity", "kinds", "holding", "index", "cost", "links", "policy", "policy._celparse",
-                             "policy._celcheck", "policy._celconv", "policy._celdyn", "policy._celgen", "policy.cel",
-                             "policy._fastpath", "policy.model", "policy.policyset", "policy.compiler",
-                             "policy.loader", "policy.explain", "policy.testing", "policy._celstd",
-                             "policy._celstdlib", "policy._celext", "policy._celmacros", "policy._celresolve",
-                             "policy._celgeneric", "policy._celtyperel", "policy._celcost", "policy._celfold",
-                             "policy._cellit", "policy.coverage", "policy.bundle", "policy.live",
-                             "policy.conformance", "policy.rollout"}),
-    ("decisions", {"planner", "writer", "prefetch", "config", "plugins"}),
-    ("kernel parts", {"control", "keying", "decisions", "hierarchy", "sharing", "replay", "shadow", "policyops",
-                      "metrics"}),
-    ("request paths", {"writepath", "loadpath", "readpath"}),
-    ("routing", {"routing"}),
-    ("facade", {"kernel"}),
-    ("applications", {"", "_demo", "cli", "_cli_rollout", "_cli_impact", "_cli_status", "testing", "stress", "builtins",
-                      "builtins.dram", "builtins.local", "builtins.matcher", "builtins.keyer", "builtins.embedded",
-                      "builtins.shaped"}),
+# (floor, rungs bottom-up); `room.*` stands for every module of a sub-room (its `__init__` included).
+FLOORS: list[tuple[str, list[list[str]]]] = [
+    ("foundation", [["errors", "units", "logs"]]),
+    ("contracts", [["contracts.fields", "contracts.schema", "contracts.checksums"],
+                   ["contracts.state", "contracts.profile"], ["contracts.request", "contracts.plan"],
+                   ["contracts", "contracts.config"], ["contracts.descriptor_codec"]]),
+    ("plugins", [["plugins", "plugins.hookspecs", "plugins.interfaces"], ["plugins.manager"]]),
+    ("cel", [["cel.types", "cel.values", "cel.textproto"], ["cel.runtime.*"], ["cel.syntax.*"], ["cel.checker.*"],
+             ["cel.codegen.*"], ["cel.compiled"], ["cel", "cel.conformance"]]),
+    ("policy", [["policy", "policy.model", "policy.verdict", "policy.positions", "policy.pause", "policy.bundle"],
+                ["policy.fused_rules", "policy.policyset"], ["policy.compiler"], ["policy.loader"],
+                ["policy.sharing", "policy.serving.*", "policy.authoring.*"]]),
+    ("state", [["state", "state.holding", "state.restore_points", "state.identity"], ["state.index"],
+               ["state.keys"]]),
+    ("cluster", [["cluster", "cluster.membership"]]),
+    ("planning", [["planning", "planning.breakers", "planning.links", "planning.seal"], ["planning.cost"],
+                  ["planning.planner"], ["planning.decision"]]),
+    ("ops", [["ops", "ops.counters", "ops.metrics"], ["ops.capture"], ["ops.replay"], ["ops.shadow"],
+             ["ops.decision_log"], ["ops.policy_ops"]]),
+    ("storage", [["storage", "storage.eviction", "storage.write_queue", "storage.prefetch", "storage.tier_config"],
+                 ["storage.hierarchy"]]),
+    ("paths", [["paths", "paths.write", "paths.read"], ["paths.load", "paths.route"]]),
+    ("facade", [["assembly"], ["kernel"], [""]]),
+    ("cli", [["cli.demo", "cli.impact", "cli.rollout", "cli.status"], ["cli.main"], ["cli"]]),
+    ("testing", [["testing"], ["testing.stress"]]),
+    ("builtins", [["builtins.*"]]),
 ]  # fmt: skip
+ROOT_FLOORS = ("foundation", "facade")  # the package root's modules: the bottom floor and the facade
+
+PUBLIC_MODULES = {"nexuskv", "nexuskv.cel", "nexuskv.cel.conformance", "nexuskv.cli", "nexuskv.testing",
+                  "nexuskv.testing.stress"}  # fmt: skip
+"""What code outside the kernel may import, besides the builtin plugins (`nexuskv.builtins.*`)."""
+
+MAX_LINES, MAX_FACADE_LINES, MAX_MODULES_PER_FOLDER = 450, 300, 12
 
 
 def _module_name(path: Path) -> str:
@@ -55,16 +74,20 @@ def _resolve(name: str) -> str:
     return rel
 
 
-def imports_of(path: Path) -> set[str]:
-    """Kernel modules `path` imports (module level or inside functions)."""
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("nexuskv"):
-            for alias in node.names:
-                out.add(_resolve(f"{node.module}.{alias.name}"))
+def _imported(tree: ast.AST) -> list[str]:
+    """Dotted names of every `nexuskv` import in a tree (module level or inside functions), names included."""
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "nexuskv":
+            out.extend(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
-            out.update(_resolve(a.name) for a in node.names if a.name.startswith("nexuskv"))
+            out.extend(a.name for a in node.names if a.name.split(".")[0] == "nexuskv")
     return out
+
+
+def imports_of(path: Path) -> set[str]:
+    """Kernel modules `path` imports."""
+    return {_resolve(n) for n in _imported(ast.parse(path.read_text()))}
 
 
 def graph() -> dict[str, set[str]]:
@@ -72,15 +95,38 @@ def graph() -> dict[str, set[str]]:
     return {(m := _module_name(p)): imports_of(p) - {m} for p in sorted(ROOT.rglob("*.py"))}
 
 
-def problems(deps: dict[str, set[str]], floors: list[tuple[str, set[str]]]) -> list[str]:
-    """Unplaced modules, imports that go up a floor, and import cycles."""
-    floor_of = {m: i for i, (_, mods) in enumerate(floors) for m in mods}
-    out = [f"{m or 'nexuskv'}: not on any floor" for m in deps if m not in floor_of]
+def placement(modules: set[str], floors: list[tuple[str, list[list[str]]]]) -> tuple[dict[str, tuple[int, int]],
+                                                                                   list[str]]:  # fmt: skip
+    """(module -> (floor, rung), problems: unplaced modules, modules placed twice, entries naming nothing)."""
+    where: dict[str, tuple[int, int]] = {}
+    problems: list[str] = []
+    for f, (floor, rungs) in enumerate(floors):
+        for r, rung in enumerate(rungs):
+            for entry in rung:
+                if entry.endswith(".*"):
+                    room = entry[:-2]
+                    hits = {m for m in modules if m == room or m.startswith(room + ".")}
+                else:
+                    hits = {entry} & modules
+                if not hits:
+                    problems.append(f"{floor}: {entry or 'nexuskv'} names no module")
+                for m in sorted(hits):
+                    if m in where:
+                        problems.append(f"{m or 'nexuskv'}: placed twice")
+                    where[m] = (f, r)
+    problems += [f"{m or 'nexuskv'}: not on any floor" for m in sorted(modules - set(where))]
+    return where, problems
+
+
+def problems(deps: dict[str, set[str]], floors: list[tuple[str, list[list[str]]]]) -> list[str]:
+    """Unplaced modules, imports that go up a floor or a rung, and import cycles."""
+    where, out = placement(set(deps), floors)
     for mod, targets in deps.items():
         for t in sorted(targets):
-            if mod in floor_of and t in floor_of and floor_of[t] > floor_of[mod]:
-                out.append(f"{mod} ({floors[floor_of[mod]][0]}) imports {t or 'nexuskv'} "
-                           f"({floors[floor_of[t]][0]}): a floor above")  # fmt: skip
+            if mod in where and t in where and where[t] > where[mod]:
+                f, tf = where[mod][0], where[t][0]
+                up = "a floor above" if tf > f else "a rung above"
+                out.append(f"{mod or 'nexuskv'} ({floors[f][0]}) imports {t or 'nexuskv'} ({floors[tf][0]}): {up}")
     state: dict[str, int] = {}
 
     def visit(m: str, stack: list[str]) -> None:
@@ -98,13 +144,32 @@ def problems(deps: dict[str, set[str]], floors: list[tuple[str, set[str]]]) -> l
     return out
 
 
+def room_of(module: str) -> str:
+    """The top-level room a module lives in ("" for the package root)."""
+    return module.split(".")[0] if "." in module or (ROOT / module / "__init__.py").exists() else ""
+
+
 def test_imports_point_one_way():
     assert problems(graph(), FLOORS) == []
 
 
-def test_every_floor_module_exists():
-    have = set(graph())
-    assert {m for _, mods in FLOORS for m in mods} - have == set()
+def test_each_room_is_one_floor():
+    where, _ = placement(set(graph()), FLOORS)
+    floors_of: dict[str, set[str]] = {}
+    for m, (f, _) in where.items():
+        floors_of.setdefault(room_of(m), set()).add(FLOORS[f][0])
+    assert floors_of.pop("") == set(ROOT_FLOORS)
+    assert {room: names for room, names in floors_of.items() if names != {room}} == {}
+
+
+def test_module_and_folder_sizes():
+    lines = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
+    assert {p: n for p, n in lines.items() if n > MAX_LINES} == {}
+    assert lines["kernel.py"] < MAX_FACADE_LINES
+    folders: dict[str, int] = {}
+    for p in lines:
+        folders[str(Path(p).parent)] = folders.get(str(Path(p).parent), 0) + 1
+    assert {d: n for d, n in folders.items() if n > MAX_MODULES_PER_FOLDER} == {}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in graph() if m.startswith("builtins.")))
@@ -112,9 +177,144 @@ def test_builtins_import_only_the_public_api(module):
     assert graph()[module] <= {""}, "builtins are plugins: they import `nexuskv` only"
 
 
+def test_the_policy_layer_uses_the_cel_engine_through_its_public_api():
+    """`nexuskv.cel` is a library: no kernel module outside it reaches into its insides."""
+    inside = {m: {t for t in ts if t.startswith("cel.") and t != "cel.conformance"}
+              for m, ts in graph().items() if not m.startswith("cel")}  # fmt: skip
+    assert {m: ts for m, ts in inside.items() if ts} == {}
+
+
+def private_imports(paths: list[Path]) -> dict[str, list[str]]:
+    """File -> the private kernel modules it imports (anything but `PUBLIC_MODULES` and the builtin plugins)."""
+    out: dict[str, list[str]] = {}
+    for path in paths:
+        try:
+            tree = ast.parse(path.read_text())
+        except SyntaxError:  # pragma: no cover - a file that does not parse fails its own tests
+            continue
+        bad = sorted({f"nexuskv.{m}" for n in _imported(tree) if (m := _resolve(n)) is not None
+                      and f"nexuskv.{m}".removesuffix(".") not in PUBLIC_MODULES and not m.startswith("builtins")}
+                     | {n for n in _imported(tree) if n.rpartition(".")[2].startswith("_")
+                        and n.rpartition(".")[2] != "__version__"})  # a private name of a public module
+        if bad:
+            out[path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)] = bad
+    return out
+
+
+def test_plugins_benches_and_examples_import_only_public_modules():
+    files = [p for d in ("plugins", "bench", "examples") for p in sorted((REPO / d).rglob("*.py"))
+             if ".venv" not in p.parts and "target" not in p.parts]  # fmt: skip
+    assert len(files) > 50
+    assert private_imports(files) == {}
+
+
+def test_a_private_import_is_caught(tmp_path):
+    f = tmp_path / "plugin.py"
+    f.write_text("from nexuskv import Kernel\nfrom nexuskv.cel import compile_expr\nimport nexuskv.builtins.dram\n"
+                 "def later():\n    from nexuskv.planning.cost import CostModel\n    from nexuskv.cli import _x\n")
+    assert list(private_imports([f]).values()) == [["nexuskv.cli._x", "nexuskv.planning.cost"]]
+
+
+DISTRIBUTIONS = sorted(p.parent for p in (REPO / "plugins").glob("*/pyproject.toml"))
+
+
+def plugin_problems(dist: Path) -> list[str]:
+    """How a plugin distribution departs from the one pattern: a README, an entry point to `<package>.plugin`,
+    a `plugin.py` that holds hooks only, and private modules named by what they hold (no `_private.py`)."""
+    import tomllib
+
+    out: list[str] = []
+    name = dist.name
+    if not (dist / "README.md").is_file():
+        out.append(f"{name}: no README.md")
+    eps = tomllib.loads((dist / "pyproject.toml").read_text()).get("project", {}).get("entry-points", {})
+    targets = list(eps.get("nexuskv", {}).values())
+    if len(targets) != 1 or not targets[0].endswith(".plugin"):
+        out.append(f"{name}: the nexuskv entry point must name <package>.plugin (has {targets})")
+        return out
+    pkg = dist / targets[0].removesuffix(".plugin")
+    for grab_bag in sorted(pkg.rglob("_private.py")):
+        out.append(f"{name}: {grab_bag.relative_to(dist)}: name a private module by what it holds")
+    tree = ast.parse((pkg / "plugin.py").read_text())
+    for node in tree.body:
+        hook = isinstance(node, ast.FunctionDef) and any(
+            getattr(d, "id", None) == "hookimpl" or getattr(getattr(d, "func", None), "id", None) == "hookimpl"
+            for d in node.decorator_list)  # fmt: skip
+        doc = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        dunder_all = (isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["__all__"]) or (
+            isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "__all__")
+        if not (hook or doc or dunder_all or isinstance(node, (ast.Import, ast.ImportFrom))):
+            what = getattr(node, "name", type(node).__name__)
+            out.append(f"{name}: plugin.py holds {what} (only hooks belong there: move it to a module of its role)")
+    return out
+
+
+@pytest.mark.parametrize("dist", DISTRIBUTIONS, ids=[d.name for d in DISTRIBUTIONS])
+def test_plugins_follow_one_pattern(dist):
+    assert plugin_problems(dist) == []
+
+
+def test_a_plugin_off_the_pattern_is_caught(tmp_path):
+    dist = tmp_path / "nexuskv-x"
+    (dist / "nexuskv_x").mkdir(parents=True)
+    (dist / "pyproject.toml").write_text('[project.entry-points.nexuskv]\nx = "nexuskv_x.plugin"\n')
+    (dist / "nexuskv_x" / "_private.py").write_text("")
+    (dist / "nexuskv_x" / "plugin.py").write_text("from nexuskv import hookimpl\n\n@hookimpl\ndef nexuskv_x(): ...\n"
+                                                  "def helper(): ...\n")  # fmt: skip
+    assert plugin_problems(dist) == [
+        "nexuskv-x: no README.md",
+        "nexuskv-x: nexuskv_x/_private.py: name a private module by what it holds",
+        "nexuskv-x: plugin.py holds helper (only hooks belong there: move it to a module of its role)",
+    ]
+
+
 def test_a_back_import_is_caught():
-    floors = [("low", {"a", "b"}), ("high", {"c"})]
-    assert problems({"a": {"b"}, "b": set(), "c": {"a"}}, floors) == []
+    floors = [("low", [["a"], ["b"]]), ("high", [["c"]])]
+    assert problems({"a": set(), "b": {"a"}, "c": {"a", "b"}}, floors) == []
     assert problems({"a": {"c"}, "b": set(), "c": set()}, floors) == ["a (low) imports c (high): a floor above"]
-    assert problems({"a": {"b"}, "b": {"a"}, "c": set()}, floors) == ["import cycle: a -> b -> a"]
+    assert problems({"a": {"b"}, "b": set(), "c": set()}, floors) == ["a (low) imports b (low): a rung above"]
+    assert problems({"a": set(), "b": {"b2"}, "b2": {"b"}, "c": set()},
+                    [("low", [["a"], ["b", "b2"]]), ("high", [["c"]])]) == ["import cycle: b -> b2 -> b"]
     assert problems({"a": set(), "b": set(), "c": set(), "d": set()}, floors) == ["d: not on any floor"]
+
+
+# ------------------------------------------------------------------------------------------ the page's table
+
+BEGIN, END = "<!-- floors: begin (generated from tests/test_architecture.py) -->", "<!-- floors: end -->"
+DOC = REPO / "docs" / "architecture.md"
+
+
+def _summary(module: str) -> str:
+    path = (ROOT / module.replace(".", "/") / "__init__.py") if (ROOT / module.replace(".", "/")).is_dir() \
+        else (ROOT / module.replace(".", "/")).with_suffix(".py")  # fmt: skip
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return " ".join(doc.split("\n\n")[0].split()).replace("|", "\\|")
+
+
+def floors_table() -> str:
+    """The markdown table of every floor, rung and module, each with the first paragraph of its docstring."""
+    modules = set(graph())
+    where, _ = placement(modules, FLOORS)
+    rows = ["| floor | rung | module | what it holds |", "| --- | --- | --- | --- |"]
+    for f, (floor, rungs) in enumerate(FLOORS):
+        for r in range(len(rungs)):
+            for m in sorted((m for m, pos in where.items() if pos == (f, r)), key=lambda m: (m.count("."), m)):
+                path = "nexuskv/" + (m.replace(".", "/") + ("/__init__.py" if (ROOT / m.replace(".", "/")).is_dir()
+                                                            else ".py") if m else "__init__.py")  # fmt: skip
+                rows.append(f"| {f} {floor} | {r} | `{path}` | {_summary(m)} |")
+    return "\n".join(rows)
+
+
+def test_the_architecture_page_draws_these_floors():
+    text = DOC.read_text()
+    assert BEGIN in text and END in text
+    drawn = text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
+    assert drawn == floors_table(), "run `.venv/bin/python tests/test_architecture.py --write`"
+
+
+if __name__ == "__main__":  # rewrite the page's table from FLOORS and the modules' docstrings
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit("usage: python tests/test_architecture.py --write")
+    text = DOC.read_text()
+    i, j = text.index(BEGIN) + len(BEGIN), text.index(END)
+    DOC.write_text(text[:i] + "\n" + floors_table() + "\n" + text[j:])

@@ -151,7 +151,7 @@ import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from nexuskv import PlanAction, hookimpl, slot_of, to_dict  # noqa: E402
-from nexuskv.plugins import PluginManager  # noqa: E402
+from nexuskv.plugins.manager import PluginManager  # noqa: E402
 
 POLICIES = str(Path(__file__).resolve().parents[1] / "policies")
 
@@ -413,7 +413,7 @@ def test_place_rule_ttl_reaches_the_store():
 
 
 def test_persistent_tier_is_reindexed_at_start():
-    from nexuskv.interfaces import slot_of
+    from nexuskv.plugins.interfaces import slot_of
 
     req = make_request(range(64))
     with policy_kernel() as k:  # produce real descriptors and payloads

@@ -1,6 +1,9 @@
-"""NexusKV: the decision layer for LLM model-state reuse. This module is the public API; nothing else is.
+"""NexusKV: the decision layer for LLM model-state reuse. This module is its public API.
 
-Plugins and embedding applications import from `nexuskv` only; a test pins this list.
+Plugins, benches, examples and embedding applications import from `nexuskv` (and the public modules
+`nexuskv.cel`, `nexuskv.cel.conformance`, `nexuskv.cli`, `nexuskv.testing`, `nexuskv.testing.stress` and the
+builtin plugins `nexuskv.builtins.*`); every other module is private, and a test fails when one is imported from
+outside the kernel. `tests/test_api.py` pins this list.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from nexuskv.contracts import (
     json_schema,
     to_dict,
 )
-from nexuskv.descriptors import DescriptorEncoder, DescriptorParser
+from nexuskv.contracts.checksums import checksum, verify_checksum
+from nexuskv.contracts.descriptor_codec import DescriptorEncoder, DescriptorParser
 from nexuskv.errors import (
     ChecksumError,
     ConfigError,
@@ -45,11 +49,13 @@ from nexuskv.errors import (
     PluginError,
     SchemaVersionError,
 )
-from nexuskv.eviction import Frequency, HeapEntry, Lineage, parent_slot, pick_victims, refreshed_priority
-from nexuskv.hookspecs import hookimpl
-from nexuskv.identity import CHAIN_PERSON, BlockKeyer, KeyChain, checksum, load_secret, verify_checksum
-from nexuskv.index import DictIndex, Holding, HoldingCodes, IndexSnapshot, Location, Match, Matcher
-from nexuskv.interfaces import (
+from nexuskv.kernel import CommitResult, Kernel, KernelConfig, LoadReport, Materialized
+from nexuskv.logs import bind_request, configure_logging, get_logger
+from nexuskv.paths.route import NodeState, RouteDecision, RouteOption
+from nexuskv.planning.cost import CostModel, default_profile, load_profile
+from nexuskv.planning.decision import to_plan
+from nexuskv.plugins.hookspecs import hookimpl
+from nexuskv.plugins.interfaces import (
     ControlPlane,
     EvictionCallback,
     Lease,
@@ -59,13 +65,16 @@ from nexuskv.interfaces import (
     Transport,
     slot_of,
 )
-
-# The kernel facade last: it pulls in the plugin manager, whose builtins import the names above.
-from nexuskv.kernel import CommitResult, Kernel, KernelConfig, LoadReport, Materialized
-from nexuskv.kinds import longest_restore_point, valid_restore_point
-from nexuskv.logs import bind_request, configure_logging, get_logger
-from nexuskv.plugins import PluginManager
-from nexuskv.routing import NodeState, RouteDecision, RouteOption
+from nexuskv.plugins.manager import PluginManager
+from nexuskv.policy.bundle import BundleError, PolicyBundle
+from nexuskv.policy.loader import Policies, PolicyError
+from nexuskv.policy.model import Candidate
+from nexuskv.policy.serving.live import LivePolicies
+from nexuskv.policy.serving.rollout import PolicyChannel, Rollout
+from nexuskv.state.identity import CHAIN_PERSON, BlockKeyer, KeyChain, load_secret
+from nexuskv.state.index import DictIndex, Holding, HoldingCodes, IndexSnapshot, Location, Match, Matcher
+from nexuskv.state.restore_points import longest_restore_point, valid_restore_point
+from nexuskv.storage.eviction import Frequency, HeapEntry, Lineage, parent_slot, pick_victims, refreshed_priority
 from nexuskv.units import parse_bytes
 
 __version__ = "0.1.0"
@@ -73,14 +82,17 @@ __version__ = "0.1.0"
 __all__ = [
     "AdapterIdentity",
     "BlockKeyer",
+    "BundleError",
     "CHAIN_PERSON",
     "Calibration",
+    "Candidate",
     "ChecksumError",
     "CodecCost",
     "CommitResult",
     "ConfigError",
     "ContractError",
     "ControlPlane",
+    "CostModel",
     "CostProfile",
     "DeadlinePassed",
     "DescriptorEncoder",
@@ -100,25 +112,31 @@ __all__ = [
     "Lease",
     "Lineage",
     "LinkCost",
+    "LivePolicies",
     "LoadReport",
     "Location",
     "Match",
-    "Materialized",
     "Matcher",
+    "Materialized",
     "ModelIdentity",
     "Namespace",
     "NexusKVError",
     "NodeState",
+    "PersistentTierStore",
     "Placement",
     "Plan",
     "PlanAction",
-    "PersistentTierStore",
     "PlanSpan",
     "PluginError",
     "PluginManager",
+    "Policies",
+    "PolicyBundle",
+    "PolicyChannel",
+    "PolicyError",
     "Predicted",
     "PrefillCost",
     "Request",
+    "Rollout",
     "RouteDecision",
     "RouteOption",
     "SchemaVersionError",
@@ -137,11 +155,13 @@ __all__ = [
     "bind_request",
     "checksum",
     "configure_logging",
+    "default_profile",
     "from_dict",
     "from_json",
-    "json_schema",
     "get_logger",
     "hookimpl",
+    "json_schema",
+    "load_profile",
     "load_secret",
     "longest_restore_point",
     "parent_slot",
@@ -150,6 +170,7 @@ __all__ = [
     "refreshed_priority",
     "slot_of",
     "to_dict",
+    "to_plan",
     "valid_restore_point",
     "verify_checksum",
 ]

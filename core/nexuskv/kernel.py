@@ -1,165 +1,45 @@
-"""The kernel facade a scheduler embeds: it wires the kernel's parts together and delegates to them.
+"""The kernel facade a scheduler embeds: every operation, each delegated to the part that owns it.
 
-`Kernel.from_config(path)` builds one from a TOML file. On the hot path, `plan(request)` returns a `Plan` within
-the deadline whatever the plugins do (`readpath`); after prefill, `commit(request, payloads)` hands state to the
-bounded writer (`writepath`); `materialize(plan)` loads planned state with checksums and timeouts and
-`report_load_result` takes a connector's word on a load (`loadpath`). The tiers, their transports and the index
-across them are the `hierarchy`; keys and sessions are `keying`; the lease and epoch are `control`.
-Every part owns its own state; this class holds no state of its own beyond the parts.
+`Kernel.from_config(path)` builds one from a TOML file (the parts are built by `nexuskv.assembly`). On the hot
+path, `plan(request)` returns a `Plan` within the deadline whatever the plugins do (`paths/read.py`); after
+prefill, `commit(request, payloads)` hands state to the bounded writer (`paths/write.py`); `materialize(plan)`
+loads planned state with checksums and timeouts and `report_load_result` takes a connector's word on a load
+(`paths/load.py`); `route` picks a node (`paths/route.py`). The tiers, their transports and the index across them
+are `storage/hierarchy.py`; keys and sessions `state/keys.py`; the lease and epoch `cluster/membership.py`.
+This class holds no state of its own beyond the parts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nexuskv.config import KernelConfig, plugin_env
-from nexuskv.contracts import CostProfile, Plan, Request, StateDescriptor, TensorSpec
-from nexuskv.control import Membership
-from nexuskv.cost import CostModel, default_profile, load_profile
-from nexuskv.decisions import DecisionLog
+from nexuskv.assembly import KernelParts
+from nexuskv.contracts import Plan, Request, StateDescriptor, TensorSpec
+from nexuskv.contracts.config import KernelConfig
 from nexuskv.errors import ConfigError
-from nexuskv.health import Health
-from nexuskv.hierarchy import Hierarchy
-from nexuskv.identity import BlockKeyer, KeyChain, PlanSeal, load_secret
-from nexuskv.index import Match, Matcher
-from nexuskv.interfaces import ControlPlane, Lease, StoredState, TierStore, Transport
-from nexuskv.keying import Keys
-from nexuskv.links import link_estimates
-from nexuskv.loadpath import LoadPath, LoadReport, Materialized
-from nexuskv.logs import configure_logging, get_logger
-from nexuskv.metrics import Metrics
-from nexuskv.planner import Planner
-from nexuskv.plugins import PluginManager
+from nexuskv.ops.shadow import ShadowReport
+from nexuskv.paths.load import LoadReport, Materialized
+from nexuskv.paths.route import NodeState, RouteDecision
+from nexuskv.paths.write import CommitResult
+from nexuskv.plugins.interfaces import StoredState
 from nexuskv.policy.bundle import PolicyBundle
-from nexuskv.policy.live import ReloadResult
 from nexuskv.policy.loader import Policies
-from nexuskv.policy.types import plugin_functions
-from nexuskv.policyops import PolicyOps
-from nexuskv.prefetch import Prefetcher
-from nexuskv.readpath import ReadPath
-from nexuskv.replay import Replayer
-from nexuskv.routing import NodeState, RouteDecision, Router
-from nexuskv.shadow import ShadowReport
-from nexuskv.writepath import CommitResult, WritePath
-from nexuskv.writer import Writer
+from nexuskv.policy.serving.live import ReloadResult
+from nexuskv.state.identity import KeyChain
+from nexuskv.state.index import Match
 
 __all__ = ["CommitResult", "Kernel", "KernelConfig", "LoadReport", "Materialized"]
 
-log = get_logger(__name__)
 
+class Kernel(KernelParts):
+    """One embedded NexusKV kernel: build it once, call it on every request, from any thread.
 
-class Kernel:
-    """One embedded NexusKV kernel: build it once, call it on every request, from any thread."""
-
-    def __init__(
-        self,
-        config: KernelConfig | None = None,
-        *,
-        plugins: PluginManager | None = None,
-        secret: bytes | None = None,
-    ) -> None:
-        configure_logging()
-        cfg = self.config = config or KernelConfig()
-        self.plugins = plugins or PluginManager(plugin_env(cfg))
-        self.node = cfg.node
-        secret = secret or load_secret(cfg.secret, cfg.secret_file)
-        self.keyer: BlockKeyer = self.plugins.keyer(secret, cfg.page_size, cfg.keyer)
-        self.plan_seal = PlanSeal(secret)
-        self.index: Matcher = self.plugins.matcher(cfg.matcher)
-        profile = load_profile(cfg.profile) if cfg.profile else default_profile()
-        self.links = link_estimates(cfg.links, profile)
-        self.membership = Membership(self.plugins.control_plane(cfg.control_plane), self.node, cfg.lease_ttl_s,
-                                     status=self._status)  # fmt: skip
-        try:
-            self._assemble(cfg, profile)
-        except BaseException:
-            self._abandon()  # a kernel that failed to start leaves no heartbeat renewing its lease, no threads
-            raise
-        log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
-                 policies=self.policies.tenants() if self.policies else [], policy_revision=self.policy_revision,
-                 plugin_problems=len(self.plugins.problems))  # fmt: skip
-
-    def _assemble(self, cfg: KernelConfig, profile: CostProfile) -> None:
-        """Build the parts after the membership (the tiers, policies, paths), then bind a cluster-wide index."""
-        self.cost = CostModel(profile, links=self.links)
-        self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s)
-        self.hierarchy = Hierarchy(cfg, (self.plugins.tier_stores(), self.plugins.transports()), self.index,
-                                   self.cost, self.health, self.membership)  # fmt: skip
-        wanted = cfg.policies or cfg.policy_rollout or cfg.policy_shadow
-        decls, problems = plugin_functions(self.plugins.cel_functions()) if wanted else ({}, [])
-        for problem in problems:
-            log.error("plugin CEL function unusable", problem=problem)
-        self.policy_ops = PolicyOps(cfg, decls)  # a broken policy directory at start is a PolicyError
-        self.live = self.policy_ops.live
-        self.planner = Planner(self.cost, self.health, self.tier_order, transport=cfg.transports[0],
-                               remote_transport=self.hierarchy.remote,
-                               shared_tiers=self.hierarchy.shared_tiers)  # fmt: skip
-        self.keyring = Keys(self.keyer, cfg.session_cache)
-        self.writes = WritePath(cfg, self.keyring, self.hierarchy, self.health, self.live)
-        self.loads = LoadPath(cfg, self.keyring, self.hierarchy, self.health, self.writes, self.plan_seal,
-                              self.live)
-        self.prefetcher = Prefetcher(self.writes.prefetch_move, max_bytes=cfg.prefetch_max_bytes,
-                                     max_tasks=cfg.prefetch_max_tasks, tenant_share=cfg.prefetch_tenant_share)
-        self.decision_log = DecisionLog(self.plugins, file=cfg.decision_file, inputs_for=cfg.decision_inputs,
-                                        context=Replayer.of(self.planner), node=self.node,
-                                        sample=cfg.decision_log_sample, level=cfg.decision_log_level,
-                                        recent=cfg.decision_log_recent)  # fmt: skip
-        self.reads = ReadPath(cfg, self.keyring, self.index, self.planner, self.live, self.membership,
-                              self.health, self.cost, self.prefetcher, self.decision_log, self.plan_seal)  # fmt: skip
-        self.router = Router(self.reads, self.cost, self.membership, cfg.deadline_ms)
-        self.policy_ops.start(self.node, self.planner, self.decision_log, self.control)
-        self.metrics = Metrics.start(self)  # kernel.metrics: the registry, status(), the HTTP port when configured
-        bind = getattr(self.index, "bind", None)
-        if callable(bind):  # a cluster-wide index follows this kernel's membership and publishes its holdings
-            bind(self)
-        if self.hierarchy.addresses:
-            self.membership.publish_now()  # peers learn where to fetch from without waiting for a heartbeat
-            loopback = {t: a for t, a in self.hierarchy.addresses.items() if a.startswith(("127.", "localhost"))}
-            if loopback and getattr(self.control, "view", None) is not None:
-                log.warning("serving tiers on a loopback address: peers on other machines cannot reach it "
-                            "(set transport_options.<name>.host or advertise)", addresses=loopback)  # fmt: skip
-
-    def _abandon(self) -> None:
-        """Close what a failed start had built, in reverse (errors ignored: the start's own error is raised)."""
-        for part in ("metrics", "policy_ops", "reads", "decision_log", "prefetcher", "loads", "writes", "hierarchy"):
-            obj = getattr(self, part, None)
-            if obj is not None:
-                with contextlib.suppress(Exception):
-                    obj.close()
-        close_index = getattr(self.index, "close", None)
-        if callable(close_index):
-            with contextlib.suppress(Exception):
-                close_index()
-        self.membership.close()
-
-    def _status(self) -> dict[str, Any]:
-        """What this node publishes to the cluster view each heartbeat.
-
-        Link estimates (`links`), where peers reach it (`addresses`), its backpressure (the writer's queue and
-        refusals, prefetch bytes in flight), the paths it has stopped using (`breakers` not closed) and the policy
-        revision it serves (`policy_revision`, with policies).
-        """
-        out: dict[str, Any] = {}
-        if getattr(self, "links", None) is not None:
-            out["links"] = dict(self.links.snapshot())  # type: ignore[union-attr]
-        hierarchy = getattr(self, "hierarchy", None)  # not built yet during the first join
-        if hierarchy is not None and hierarchy.addresses:
-            out["addresses"] = dict(hierarchy.addresses)
-        if getattr(self, "reads", None) is not None:  # every part is built
-            w = self.writes.writer
-            items, nbytes = w.queued()
-            inflight = sum(self.prefetcher.inflight_bytes().values())
-            fill = round(max(items / w.max_items, nbytes / w.max_bytes), 4)
-            out["backpressure"] = {"writer_items": items, "writer_bytes": nbytes, "writer_fill": fill,
-                                   "writer_refused": w.stats["refused"], "prefetch_inflight_bytes": inflight}
-            out["breakers"] = {n: b["state"] for n, b in self.health.snapshot().items() if b["state"] != "closed"}
-            if self.policy_ops.live is not None:  # the cluster view shows which policy revision each node serves
-                out["policy_revision"] = self.policy_revision
-        return out
+    `Kernel(config, plugins=..., secret=...)` builds the parts (`nexuskv.assembly`); the methods below are what a
+    scheduler calls, each delegating to the part that owns the work.
+    """
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str], **kwargs: Any) -> Kernel:
@@ -171,18 +51,6 @@ class Kernel:
             if str(exc).startswith(f"{path}:"):
                 raise
             raise ConfigError(f"{path}: {exc}") from None
-
-    # ------------------------------------------------------------------------------------------ the parts' state
-
-    @property
-    def policies(self) -> Policies | None:
-        """The policies serving now (None without policies, or while a rollout node waits for its first bundle)."""
-        return self.policy_ops.current
-
-    @property
-    def policy_revision(self) -> str:
-        """The serving policy revision ("" when none serves): what plans name and what rollouts report."""
-        return self.policy_ops.revision
 
     def reload_policies(self) -> ReloadResult:
         """Load the policy directory again and swap it in atomically, or refuse it whole and keep serving.
@@ -211,73 +79,6 @@ class Kernel:
         With `wait_s`, first wait up to that long for the plans made so far to be compared.
         """
         return self.policy_ops.shadow_report(wait_s)
-
-    @property
-    def tiers(self) -> dict[str, TierStore]:
-        """The tier stores by name."""
-        return self.hierarchy.tiers
-
-    @property
-    def transports(self) -> dict[str, Transport]:
-        """The transports by name."""
-        return self.hierarchy.transports
-
-    @property
-    def tier_order(self) -> tuple[str, ...]:
-        """Tiers with a cost in the profile, fastest first."""
-        return self.hierarchy.tier_order
-
-    @property
-    def control(self) -> ControlPlane:
-        """The control plane plugin."""
-        return self.membership.plane
-
-    @property
-    def epoch(self) -> int:
-        """This node's current epoch (its fencing token)."""
-        return self.membership.epoch
-
-    @property
-    def lease(self) -> Lease | None:
-        """This node's lease in the control plane (None until one was granted)."""
-        return self.membership.lease
-
-    @property
-    def writer(self) -> Writer:
-        """The bounded asynchronous writer."""
-        return self.writes.writer
-
-    @property
-    def decisions(self) -> int:
-        """How many plans were made (fallbacks included)."""
-        return self.decision_log.decisions
-
-    @property
-    def observer_drops(self) -> int:
-        """Decision records dropped because plugin observers fell behind."""
-        return self.decision_log.observer_drops
-
-    @property
-    def bandwidth_scale(self) -> dict[str, float]:
-        """Per-tier bandwidth factors plans use (congestion the caller knows of; 1.0 when absent)."""
-        return self.reads.bandwidth_scale
-
-    @bandwidth_scale.setter
-    def bandwidth_scale(self, value: Mapping[str, float]) -> None:
-        self.reads.bandwidth_scale = dict(value)
-
-    @property
-    def link_load(self) -> dict[str, float]:
-        """Bytes in flight per tier the caller reports; plans add the prefetcher's own."""
-        return self.reads.link_load
-
-    @link_load.setter
-    def link_load(self, value: Mapping[str, float]) -> None:
-        self.reads.link_load = dict(value)
-
-    def control_ok(self) -> bool:
-        """True while the lease is known to be alive (last heartbeat within the lease TTL, no error since)."""
-        return self.membership.ok()
 
     # ------------------------------------------------------------------------------------------ keys
 
@@ -324,7 +125,7 @@ class Kernel:
         the tenant's `route` rules exclude or weight nodes.
 
         Deterministic; any failure inside fails open to the least-loaded node (`RouteDecision.fail_open`). See
-        `nexuskv.routing`.
+        `nexuskv.paths.route`.
         """
         return self.router.route(request, nodes, deadline_ms=deadline_ms, keys=keys)
 
@@ -397,27 +198,3 @@ class Kernel:
     def quarantine(self, key: bytes, group: int, tier: str, reason: str) -> None:
         """Drop a bad payload from its tier and the index, and log why."""
         self.hierarchy.quarantine(key, group, tier, reason)
-
-    # ------------------------------------------------------------------------------------------ lifecycle
-
-    def close(self) -> None:
-        """Stop the workers, then release tiers, transports and the control-plane lease."""
-        self.metrics.close()
-        self.membership.stop()
-        self.policy_ops.close()
-        self.decision_log.close()
-        self.reads.close()
-        self.prefetcher.close()
-        self.writes.close()
-        self.loads.close()
-        close_index = getattr(self.index, "close", None)
-        if callable(close_index):
-            close_index()
-        self.hierarchy.close()
-        self.membership.close()
-
-    def __enter__(self) -> Kernel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -15,24 +15,26 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from nexuskv.policy import _tomlpos
-from nexuskv.policy._pause import pause
-from nexuskv.policy.cel import CelError, CelEvalError, Compiled, compile_expr
-from nexuskv.policy.model import (
-    Failure,
-)
-from nexuskv.policy.policyset import KINDS, CompiledRule, PolicySet, RuleSource, kind_env
-from nexuskv.policy.types import (
+from nexuskv.cel import (
     BOOL,
     DOUBLE,
     DURATION,
     INT,
     STRING,
+    CelError,
+    CelEvalError,
     CelType,
+    Compiled,
     Env,
     FunctionDecl,
+    compile_expr,
+    parse_duration,
     record_type,
 )
+from nexuskv.policy import positions
+from nexuskv.policy.model import Failure
+from nexuskv.policy.pause import pause
+from nexuskv.policy.policyset import KINDS, CompiledRule, PolicySet, RuleSource, kind_env
 
 __all__ = ["DEFAULT_COST_LIMIT", "compile_policy"]
 
@@ -54,7 +56,7 @@ def _locate_text(text: str, rule: str, expr: str, line: int | None, col: int | N
         pos = text.find(first) if first else -1
     if pos < 0:
         return (text.count("\n", 0, start) + 1 if rule else None), None
-    base_line, base_col = _tomlpos.file_position(text, pos)
+    base_line, base_col = positions.file_position(text, pos)
     line = line or 1
     if line == 1:
         return base_line, base_col + (col or 1) - 1
@@ -83,25 +85,25 @@ def _locate(
     `name`. The TOML string is decoded character by character, so escapes and `'''` strings map exactly.
     """
     kind, rule, key, index, occurrence = where
-    scan = _tomlpos.Strings(text)
-    block = (_tomlpos.table_block(scan, "variables") if kind == "variables"
-             else _tomlpos.rule_block(scan, kind, rule, occurrence))  # fmt: skip
+    scan = positions.Strings(text)
+    block = (positions.table_block(scan, "variables") if kind == "variables"
+             else positions.rule_block(scan, kind, rule, occurrence))  # fmt: skip
     if block is None:
         return _locate_text(text, rule, expr, line, col)
     if key is None:
-        pos = _tomlpos.key_offset(scan, "name", *block)
-        return _tomlpos.file_position(text, pos if pos is not None else block[0])
-    start = _tomlpos.key_value(scan, key, *block, index=index)
+        pos = positions.key_offset(scan, "name", *block)
+        return positions.file_position(text, pos if pos is not None else block[0])
+    start = positions.key_value(scan, key, *block, index=index)
     if start is None:  # a defaulted key (a place rule's `when`): the rule itself
-        pos = _tomlpos.key_offset(scan, key, *block)
-        pos = pos if pos is not None else _tomlpos.key_offset(scan, "name", *block)
-        return _tomlpos.file_position(text, pos if pos is not None else block[0])
-    decoded = _tomlpos.value_offsets(text, start)
+        pos = positions.key_offset(scan, key, *block)
+        pos = pos if pos is not None else positions.key_offset(scan, "name", *block)
+        return positions.file_position(text, pos if pos is not None else block[0])
+    decoded = positions.value_offsets(text, start)
     if decoded is None or (expr and decoded[0] != expr):
-        return _tomlpos.file_position(text, start)
+        return positions.file_position(text, start)
     offs = decoded[1]
     i = _expr_index(decoded[0], line, col)
-    return _tomlpos.file_position(text, offs[max(0, min(i, len(offs) - 1))])
+    return positions.file_position(text, offs[max(0, min(i, len(offs) - 1))])
 
 
 _CACHE: collections.OrderedDict[tuple[Any, ...], Compiled | CelError] = collections.OrderedDict()
@@ -151,9 +153,7 @@ def _type_key(t: CelType) -> tuple[Any, ...]:
 
 
 def _duration_text(text: str) -> float:
-    from nexuskv.policy._celconv import duration
-
-    return duration(text).total_seconds()
+    return parse_duration(text).total_seconds()
 
 
 def compile_policy(

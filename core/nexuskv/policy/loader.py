@@ -18,13 +18,13 @@ from typing import Any
 import attrs
 from attrs import define, field
 
-from nexuskv import _schema
+from nexuskv.contracts import schema
 from nexuskv.errors import ContractError, NexusKVError
-from nexuskv.policy import _tomlpos
-from nexuskv.policy._pause import pause
+from nexuskv.policy import positions
 from nexuskv.policy.bundle import PolicyBundle, bundle_revision, policy_files
 from nexuskv.policy.compiler import compile_policy
 from nexuskv.policy.model import PolicyFile
+from nexuskv.policy.pause import pause
 from nexuskv.policy.policyset import KINDS, PolicySet, RuleSource
 
 __all__ = ["Policies", "PolicyError", "PolicyProblem", "parse_policy_file", "parse_policy_text"]
@@ -60,7 +60,7 @@ class PolicyError(NexusKVError):
 
 def _line_of_key(text: str, path: str) -> tuple[int | None, int | None]:
     """Line and column of a schema path like `admit[2].effct`, `variables.x` or `extends` in TOML text."""
-    scan = _tomlpos.Strings(text)
+    scan = positions.Strings(text)
     headers = list(re.finditer(r"(?m)^[ \t]*\[", scan.masked))
     top_end = headers[0].start() if headers else len(text)
     m = re.match(r"^(\w+)\[(\d+)\](?:\.(\w+))?", path)
@@ -71,23 +71,23 @@ def _line_of_key(text: str, path: str) -> tuple[int | None, int | None]:
                   if re.match(rf"[ \t]*\[\[[ \t]*{re.escape(kind)}[ \t]*\]\]", scan.masked[h.start():])]  # fmt: skip
         if idx < len(blocks):
             start, end = blocks[idx]
-            pos = _tomlpos.key_offset(scan, key, start, end) if key else None
-            return _tomlpos.file_position(text, pos if pos is not None else _first_char(scan, start))
+            pos = positions.key_offset(scan, key, start, end) if key else None
+            return positions.file_position(text, pos if pos is not None else _first_char(scan, start))
     head, _, key = path.partition(".")
     head = head.split("[")[0]
     if key:  # a key of a table: `variables.x`
-        block = _tomlpos.table_block(scan, head)
+        block = positions.table_block(scan, head)
         if block is not None:
-            pos = _tomlpos.key_offset(scan, key.split(".")[0].split("[")[0], *block)
-            return _tomlpos.file_position(text, pos if pos is not None else _first_char(scan, block[0]))
-    pos = _tomlpos.key_offset(scan, head, 0, top_end)
+            pos = positions.key_offset(scan, key.split(".")[0].split("[")[0], *block)
+            return positions.file_position(text, pos if pos is not None else _first_char(scan, block[0]))
+    pos = positions.key_offset(scan, head, 0, top_end)
     if pos is None:  # a table header: `[evict]`, `[[evict]]`
         hm = re.search(rf"(?m)^[ \t]*\[\[?[ \t]*{re.escape(head)}[ \t]*\]", scan.masked)
         pos = hm.start() + len(hm.group(0)) - len(hm.group(0).lstrip()) if hm else None
-    return _tomlpos.file_position(text, pos) if pos is not None else (None, None)
+    return positions.file_position(text, pos) if pos is not None else (None, None)
 
 
-def _first_char(scan: _tomlpos.Strings, start: int) -> int:
+def _first_char(scan: positions.Strings, start: int) -> int:
     """Offset of the first non-blank character at or after `start` (the `[` of a header)."""
     m = re.compile(r"[ \t]*").match(scan.masked, start)
     return m.end() if m else start
@@ -127,7 +127,7 @@ def _parse_uncached(text: str, name: str, stem: str) -> tuple[PolicyFile | None,
         return None, [PolicyProblem(name, f"TOML syntax error: {msg}", line=line, column=col)], text
     pause()
     try:
-        model = _schema.structure(PolicyFile, data)
+        model = schema.structure(PolicyFile, data)
     except ContractError as exc:
         problems = []
         for p, msg in exc.problems:
@@ -179,6 +179,7 @@ class Policies:
     sets: dict[str, PolicySet] = field(factory=dict)
     revision: str = ""
     _readers: dict[str, list[tuple[str, str]]] = field(factory=dict, init=False, repr=False, eq=False)
+    _shares: dict[str, tuple[tuple[str, str, PolicySet], ...]] = field(factory=dict, init=False, repr=False, eq=False)
 
     @classmethod
     def load(cls, root: str | Path, functions: Mapping[str, Any] | None = None) -> Policies:
@@ -286,6 +287,17 @@ class Policies:
                     got.extend((owner, scope) for _, scope in ps.grants(reader) if (owner, scope) not in got)
             self._readers[reader] = got
         return list(got)
+
+
+    def shared_with(self, reader: str) -> tuple[tuple[str, str, PolicySet], ...]:
+        """`(owner, scope, owner's policy)` of every scope `readable_by(reader)`: what a plan of `reader` hands on.
+
+        Resolved once per revision and reader; the owner's `share` rules are still evaluated per request.
+        """
+        got = self._shares.get(reader)
+        if got is None:
+            got = self._shares[reader] = tuple((o, s, self.sets[o]) for o, s in self.readable_by(reader))
+        return got
 
 
 def _chain(name: str, loaded: Mapping[str, _Loaded]) -> tuple[list[str], PolicyProblem | None]:

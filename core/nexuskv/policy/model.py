@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from attrs import define, field
 
-from nexuskv._schema import doc
+from nexuskv.contracts.schema import doc
 
 __all__ = [
     "AdmitRule",

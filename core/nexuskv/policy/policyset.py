@@ -15,30 +15,17 @@ from typing import Any
 
 from attrs import define
 
+from nexuskv.cel import STRING, TIMESTAMP, CelEvalError, CelType, Compiled, Env, FunctionDecl, fuse, message_type
 from nexuskv.contracts import Predicted, Request, StateDescriptor
 from nexuskv.logs import get_logger
-from nexuskv.policy import _fastpath
-from nexuskv.policy._pause import pause
-from nexuskv.policy.cel import CelEvalError, Compiled, fuse
-from nexuskv.policy.model import (
-    Candidate,
-    Failure,
-    PolicyFile,
-    RouteTarget,
-)
-from nexuskv.policy.types import (
-    STRING,
-    TIMESTAMP,
-    CelType,
-    Env,
-    FunctionDecl,
-    message_type,
-)
+from nexuskv.policy import fused_rules
+from nexuskv.policy.model import Candidate, Failure, PolicyFile, RouteTarget
+from nexuskv.policy.pause import pause
 from nexuskv.policy.verdict import Placement, Verdict
 
 __all__ = ["KINDS", "CompiledRule", "PolicySet", "RuleSource", "kind_env"]
 
-log = get_logger(__name__)
+log = get_logger("nexuskv.policy.policyset")  # the component name operators filter on: stable
 
 KINDS = ("admit", "reuse", "place", "share", "route")
 
@@ -180,7 +167,7 @@ class PolicySet:
         # admit, reuse and place, the kinds on the hot paths, run as one generated function each.
         self._generated = {}
         for k in ("admit", "reuse", "place"):
-            self._generated[k] = _fastpath.build(
+            self._generated[k] = fused_rules.build(
                 k, self.rules[k], policy=name, revision=revision, default_tier=self.default_tier,
                 variables_class=self._vars[k], variables=variables[k], uses_now=self._uses_now[k],
                 slow=lambda act, known, k=k: self._evaluate_activation(k, self._seeded(k, act, known)))
@@ -216,7 +203,7 @@ class PolicySet:
         act = self.activation(kind, values)
         cached = act["variables"].__dict__ if "variables" in act else {}
         for name, value in known:
-            if value is not _fastpath.UNSET:
+            if value is not fused_rules.UNSET:
                 cached[name] = value
         return act
 
@@ -357,8 +344,19 @@ class PolicySet:
                        tuple(errors), Placement(self.default_tier or None))  # fmt: skip
 
     def grants(self, reader: str) -> list[tuple[str, str]]:
-        """`(rule, scope)` of share rules that name `reader` (or `*`); `evaluate("share", ...)` decides."""
+        """`(rule, scope)` of share rules that name `reader` (or `*`); `share_granted` decides per request."""
         return [(r.name, r.scope) for r in self.rules["share"] if reader in r.tenants or "*" in r.tenants]
+
+    def share_granted(self, request: Request, owner: str, scope: str, blocks: int, now: Any = None) -> bool:
+        """True when these (the owner's) `share` rules grant `request` the first `blocks` blocks of `scope`.
+
+        `now`: the time the rules see (default: the clock; a replay passes the recorded time).
+        """
+        view = Candidate(tokens=blocks * request.layout.page_size, blocks=blocks, owner=owner, scope=scope,
+                         shared=True, kind=request.layout.kind)  # fmt: skip
+        values = {"request": request, "match": view} if now is None else {"request": request, "match": view,
+                                                                          "now": now}  # fmt: skip
+        return self.evaluate("share", values).allowed
 
 
 def _share_applies(rule: CompiledRule, act: Mapping[str, Any]) -> bool:

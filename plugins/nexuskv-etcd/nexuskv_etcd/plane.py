@@ -30,7 +30,7 @@ __all__ = ["EtcdControlPlane"]
 
 
 class EtcdControlPlane:
-    """`nexuskv.interfaces.ControlPlane` on an etcd cluster (`endpoint` is `host:port` of its client URL)."""
+    """`nexuskv.plugins.interfaces.ControlPlane` on an etcd cluster (`endpoint` is `host:port` of its client URL)."""
 
     def __init__(self, endpoint: str = "127.0.0.1:2379", prefix: str = "nexuskv/", timeout_s: float = 1.0,
                  watch: bool = True, watch_idle_s: float = 5.0) -> None:  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any
 
 from etcd3gw.utils import _decode, _encode
 
-from nexuskv.policy.bundle import BundleError, PolicyBundle
+from nexuskv import BundleError, PolicyBundle
 from nexuskv_etcd.view import range_of
 
 __all__ = ["MAX_BUNDLE_BYTES", "EtcdPolicyChannel"]
@@ -31,7 +31,7 @@ Post = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
 class EtcdPolicyChannel:
-    """`nexuskv.policy.rollout.PolicyChannel` on etcd, through a `post(path, payload)` to its JSON gateway."""
+    """`nexuskv.policy.serving.rollout.PolicyChannel` on etcd, through a `post(path, payload)` to its JSON gateway."""
 
     def __init__(self, post: Post, prefix: str = "nexuskv/", on_close: Callable[[], None] | None = None) -> None:
         """`post` is an `EtcdControlPlane`'s `_post` (or any callable with its contract); `on_close` runs at `close`."""

@@ -20,7 +20,7 @@ from typing import Any
 import requests
 from etcd3gw.utils import _decode, _encode, _increment_last_byte
 
-from nexuskv.logs import get_logger
+from nexuskv import get_logger
 
 __all__ = ["ClusterView", "members_of", "range_of"]
 

@@ -15,10 +15,8 @@ import pytest
 from click.testing import CliRunner
 from etcd3gw.utils import _decode, _encode
 
+from nexuskv import BundleError, LivePolicies, PolicyBundle, PolicyChannel, Rollout
 from nexuskv.cli import cli
-from nexuskv.policy.bundle import BundleError, PolicyBundle
-from nexuskv.policy.live import LivePolicies
-from nexuskv.policy.rollout import PolicyChannel, Rollout
 from nexuskv_etcd import EtcdControlPlane
 from nexuskv_etcd.policy import MAX_BUNDLE_BYTES, EtcdPolicyChannel
 from nexuskv_etcd.view import range_of
@@ -198,7 +196,7 @@ import json
 import sys
 
 from nexuskv import Kernel, KernelConfig, Layout, ModelIdentity, Request, StateGroup, TokenizerIdentity, hookimpl
-from nexuskv.plugins import PluginManager
+from nexuskv import PluginManager
 
 
 class Geo:
@@ -216,7 +214,6 @@ kernel = Kernel(KernelConfig.from_toml(config), plugins=pm, secret=bytes(32))
 rollout = getattr(kernel, "rollout", None) or getattr(getattr(kernel, "policy_ops", None), "rollout", None)
 own = rollout is None
 if own:
-    from nexuskv.policy.rollout import Rollout
 
     rollout = Rollout(kernel.live, kernel.control.policy_channel(), kernel.node,
                       kernel.config.policy_rollout_interval_s).start()

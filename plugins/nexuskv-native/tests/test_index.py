@@ -124,7 +124,7 @@ def test_codes_and_location_ids_out_of_range_are_refused_and_change_nothing():
 def test_match_stops_when_its_deadline_passes():
     import time
 
-    from nexuskv.errors import DeadlinePassed
+    from nexuskv import DeadlinePassed
 
     idx = NativeIndex()
     keys = [bytes([i % 256, i // 256]) * 8 for i in range(4000)]

@@ -1,12 +1,11 @@
-"""The sidecar's entry point: `nexuskv serve CONFIG` and `nexuskv serve-token TENANT`."""
+"""The plugin's hook: it adds `nexuskv serve` and `nexuskv serve-token` (`commands.py`)."""
 
 from __future__ import annotations
 
-import secrets
-
 import click
 
-from nexuskv import ConfigError, hookimpl
+from nexuskv import hookimpl
+from nexuskv_sidecar.commands import serve, serve_token
 
 
 @hookimpl
@@ -14,40 +13,3 @@ def nexuskv_register_commands(cli: click.Group) -> None:
     """Add `serve` and `serve-token`."""
     cli.add_command(serve)
     cli.add_command(serve_token)
-
-
-@click.command("serve")
-@click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--host", default=None, help="Listen address (default: the config's, else 127.0.0.1).")
-@click.option("--port", type=int, default=None, help="Listen port (default: the config's, else 8470; 0: a free one).")
-def serve(config: str, host: str | None, port: int | None) -> None:
-    """Serve a kernel's plan / route / commit / materialize / report over HTTP+JSON (see docs/sidecar.md)."""
-    import attrs
-
-    from nexuskv_sidecar._config import SidecarConfig
-    from nexuskv_sidecar.server import Sidecar
-
-    try:
-        cfg = SidecarConfig.from_toml(config)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    if not cfg.tokens:
-        raise click.ClickException(f"{config}: [auth] names no tokens: no caller could use the sidecar")
-    cfg = attrs.evolve(cfg, host=host or cfg.host, port=cfg.port if port is None else port)
-    try:
-        sidecar = Sidecar(cfg)
-    except OSError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"serving {sidecar.url}", err=True)
-    sidecar.serve_forever()
-
-
-@click.command("serve-token")
-@click.argument("tenant")
-def serve_token(tenant: str) -> None:
-    """Make a new random token for TENANT: prints the token (give it to the caller) and its config line."""
-    from nexuskv_sidecar._config import digest
-
-    token = secrets.token_urlsafe(32)
-    click.echo(f"token: {token}")
-    click.echo(f'config: [auth] {tenant} = ["sha256:{digest(token).hex()}"]')

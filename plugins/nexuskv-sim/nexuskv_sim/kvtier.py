@@ -18,10 +18,9 @@ from collections.abc import Hashable, Mapping
 
 import attrs
 
-from nexuskv import CostProfile, StateDescriptor, from_dict
+from nexuskv import CostModel, CostProfile, StateDescriptor, from_dict
 from nexuskv.builtins.dram import DramStore
-from nexuskv.cost import CostModel
-from nexuskv.policy.testing import sample_state
+from nexuskv.testing import sample_state
 from nexuskv_sim.tiers import BlockMeta
 
 __all__ = ["KernelTier"]

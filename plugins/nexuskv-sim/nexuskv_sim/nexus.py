@@ -18,8 +18,17 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nexuskv import Kernel, KernelConfig, Layout, Location, ModelIdentity, Request, StateGroup, TokenizerIdentity
-from nexuskv.routing import NodeState
+from nexuskv import (
+    Kernel,
+    KernelConfig,
+    Layout,
+    Location,
+    ModelIdentity,
+    NodeState,
+    Request,
+    StateGroup,
+    TokenizerIdentity,
+)
 from nexuskv_sim.api import TIERS, BaseStrategy, ClusterView, Decision, Fetch, Prefetch, SimRequest
 from nexuskv_sim.calibrate import measured_profile
 from nexuskv_sim.profile import Profile

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from attrs import define, field
 
-from nexuskv.errors import ConfigError
+from nexuskv import ConfigError
 
 __all__ = ["LinkProfile", "ModelProfile", "Profile", "default_profile", "load_profile"]
 

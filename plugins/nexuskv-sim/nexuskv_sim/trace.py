@@ -15,7 +15,7 @@ from pathlib import Path
 
 from attrs import define, field
 
-from nexuskv.errors import ContractError
+from nexuskv import ContractError
 
 __all__ = ["BLOCK_TOKENS", "TraceRecord", "generate", "generate_mixed", "read_trace", "token_ids", "write_trace"]
 

@@ -4,7 +4,7 @@ import sys
 
 from click.testing import CliRunner
 
-from nexuskv_sim.plugin import gen_trace_command, simulate_command
+from nexuskv_sim.commands import gen_trace_command, simulate_command
 from nexuskv_sim.trace import read_trace
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from nexuskv.errors import ConfigError
+from nexuskv import ConfigError
 from nexuskv_sim.profile import ModelProfile, default_profile, load_profile
 
 

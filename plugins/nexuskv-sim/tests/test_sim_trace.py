@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from nexuskv.errors import ContractError
+from nexuskv import ContractError
 from nexuskv_sim.trace import BLOCK_TOKENS, TraceRecord, generate, generate_mixed, read_trace, write_trace
 
 

@@ -32,8 +32,8 @@ from nexuskv import (
     parent_slot,
     pick_victims,
 )
-from nexuskv_tier_disk import _private as fmt
 from nexuskv_tier_disk import codec as codecs
+from nexuskv_tier_disk import durable_files, file_format
 
 __all__ = ["DiskStore", "Recovery"]
 
@@ -145,8 +145,8 @@ class DiskStore:
         self._on_evict: EvictionCallback | None = None
         self._lineage = Lineage(lambda s: s in self._items)  # a prefix is never dropped while its continuation stays
 
-        fmt.private_dirs(self.path)
-        self._lock_fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, fmt.FILE_MODE)
+        durable_files.private_dirs(self.path)
+        self._lock_fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, durable_files.FILE_MODE)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -181,8 +181,8 @@ class DiskStore:
         is full. The payload is readable at once.
         """
         data = payload if type(payload) is bytes else bytes(payload)
-        meta = fmt.encode_meta(descriptor)
-        need = fmt.FIXED_SIZE + len(meta) + len(data)  # the codec never stores more than the raw bytes
+        meta = file_format.encode_meta(descriptor)
+        need = file_format.FIXED_SIZE + len(meta) + len(data)  # the codec never stores more than the raw bytes
         expires = _now() + ttl_s if ttl_s is not None else 0.0
         evicted: list[_Evicted] = []
         with self._lock:
@@ -359,7 +359,7 @@ class DiskStore:
     # ------------------------------------------------------------------------------------------ eviction
 
     def _file(self, slot: bytes) -> str:
-        return os.path.join(self.path, slot.hex() + fmt.SUFFIX)
+        return os.path.join(self.path, slot.hex() + file_format.SUFFIX)
 
     def _unlink(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -391,7 +391,7 @@ class DiskStore:
                 self._unlink(path)  # an older version of the slot, if any
                 evicted.append((slot, e.descriptor, e.buf))
             elif self.evict_payloads and self._on_evict is not None:
-                aside = os.path.join(self.path, f"{fmt.EVICT_PREFIX}{slot.hex()}-{e.gen}")
+                aside = os.path.join(self.path, f"{file_format.EVICT_PREFIX}{slot.hex()}-{e.gen}")
                 try:
                     os.rename(path, aside)  # read back on a writer thread, then deleted
                     self._jobs.append(("evict", slot, e.descriptor, aside, e.size))
@@ -421,9 +421,9 @@ class DiskStore:
             if mine:
                 self._drop(slot, e)
         self.corrupt_reads += 1
-        self.problems.append((slot.hex() + fmt.SUFFIX, reason))
+        self.problems.append((slot.hex() + file_format.SUFFIX, reason))
         log.warning("disk payload failed verification; dropped and served as a miss", tier=self.name,
-                    file=slot.hex() + fmt.SUFFIX, reason=reason)  # fmt: skip
+                    file=slot.hex() + file_format.SUFFIX, reason=reason)  # fmt: skip
         if mine:
             self._notify([(slot, e.descriptor, None)])
 
@@ -432,11 +432,11 @@ class DiskStore:
     def _read(self, fd: int, size: int, buf: np.ndarray | None = None) -> tuple[bytes | memoryview | None, str]:
         """Read, verify and decode one file (on a reader thread); (payload, "") or (None, why)."""
         try:
-            header, stored = fmt.read_verified(fd, size, buf)
+            header, stored = file_format.read_verified(fd, size, buf)
             return codecs.decode(stored, header.codec, header.raw_len, elem_size=header.elem_size), ""
         except OSError as exc:
             return None, f"read failed: {exc.strerror}"
-        except (fmt.CorruptFile, ValueError) as exc:
+        except (file_format.CorruptFile, ValueError) as exc:
             return None, str(exc)
         finally:
             os.close(fd)
@@ -484,11 +484,11 @@ class DiskStore:
                 return  # evicted, deleted or replaced while queued
             prio, expires, desc = e.priority, e.expires, e.descriptor
         enc = codecs.encode(data, self.codec, elem_size=codecs.element_size(desc), level=self.level)
-        head = fmt.pack_header(meta, enc.codec, enc.elem_size, len(enc.data), len(data), prio, expires,
-                               fmt.digest(enc.data))  # fmt: skip
-        tmp = os.path.join(self.path, f"{fmt.TEMP_PREFIX}{slot.hex()}-{gen}")
+        head = file_format.pack_header(meta, enc.codec, enc.elem_size, len(enc.data), len(data), prio, expires,
+                               file_format.digest(enc.data))  # fmt: skip
+        tmp = os.path.join(self.path, f"{file_format.TEMP_PREFIX}{slot.hex()}-{gen}")
         try:
-            fmt.write_file(tmp, [head, enc.data], self.fsync)
+            durable_files.write_file(tmp, [head, enc.data], self.fsync)
         except OSError as exc:
             self._write_failed(slot, gen, data, exc)
             return
@@ -508,7 +508,7 @@ class DiskStore:
             e.size = size
             e.buf = None
         if self.fsync:
-            fmt.fsync_dir(self._dir_fd)
+            durable_files.fsync_dir(self._dir_fd)
 
     def _write_failed(self, slot: bytes, gen: int, data: bytes, exc: OSError) -> None:
         """A write failed (disk full, I/O error): drop the entry and report it, payload attached for demotion."""
@@ -532,7 +532,7 @@ class DiskStore:
             payload, reason = self._read(fd, size)
             if payload is None:
                 log.warning("evicted disk payload failed verification; reported without it", tier=self.name,
-                            file=slot.hex() + fmt.SUFFIX, reason=reason)  # fmt: skip
+                            file=slot.hex() + file_format.SUFFIX, reason=reason)  # fmt: skip
         except OSError:
             pass
         finally:
@@ -547,37 +547,38 @@ class DiskStore:
     def _recover(self, verify: bool) -> Recovery:
         """Rebuild the holdings from the directory, deleting interrupted, corrupt and expired files."""
         rec = Recovery()
-        reader = fmt.DescriptorReader()
+        reader = file_format.DescriptorReader()
         now = _now()
         found: list[tuple[int, bytes, _Entry]] = []
         for name in sorted(os.listdir(self.path)):
             path = os.path.join(self.path, name)
-            if name.startswith((fmt.TEMP_PREFIX, fmt.EVICT_PREFIX)):
+            if name.startswith((file_format.TEMP_PREFIX, file_format.EVICT_PREFIX)):
                 self._unlink(path)
                 rec.temp_removed.append(name)
                 continue
             if name == ".lock":
                 continue
-            if not name.endswith(fmt.SUFFIX) or not os.path.isfile(path):
+            if not name.endswith(file_format.SUFFIX) or not os.path.isfile(path):
                 rec.ignored.append(name)
                 continue
             try:
-                slot = bytes.fromhex(name[: -len(fmt.SUFFIX)])
+                slot = bytes.fromhex(name[: -len(file_format.SUFFIX)])
                 if len(slot) != 17:
-                    raise fmt.CorruptFile("not a slot name")
-                header, meta, size = fmt.read_header(path)
+                    raise file_format.CorruptFile("not a slot name")
+                header, meta, size = file_format.read_header(path)
                 if size != header.file_size:
-                    raise fmt.CorruptFile(f"size mismatch: header says {header.file_size}, file has {size} bytes")
+                    raise file_format.CorruptFile(f"size mismatch: header says {header.file_size}, "
+                                                  f"file has {size} bytes")
                 desc = reader.read(meta)
                 if desc.key != slot[:16].hex() or desc.group != slot[16]:
-                    raise fmt.CorruptFile("descriptor does not match the file name")
+                    raise file_format.CorruptFile("descriptor does not match the file name")
                 if verify:
                     fd = os.open(path, os.O_RDONLY)
                     payload, reason = self._read(fd, size)
                     if payload is None:
-                        raise fmt.CorruptFile(reason)
+                        raise file_format.CorruptFile(reason)
                 mtime = os.stat(path).st_mtime_ns
-            except (fmt.CorruptFile, ValueError, OSError) as exc:
+            except (file_format.CorruptFile, ValueError, OSError) as exc:
                 reason = str(exc) if not isinstance(exc, OSError) else f"unreadable: {exc.strerror}"
                 rec.corrupt.append((name, reason))
                 self._unlink(path)
@@ -601,12 +602,12 @@ class DiskStore:
             e = self._items.pop(slot)
             self._used -= e.size
             self._unlink(self._file(slot))
-            rec.over_capacity.append(slot.hex() + fmt.SUFFIX)
+            rec.over_capacity.append(slot.hex() + file_format.SUFFIX)
         if self._items:
             self.floor = min(e.priority for e in self._items.values())
         rec.recovered, rec.recovered_bytes = len(self._items), self._used
         if rec.discarded:
-            fmt.fsync_dir(self._dir_fd)
+            durable_files.fsync_dir(self._dir_fd)
         log.info("disk tier opened", tier=self.name, path=self.path, recovered=rec.recovered,
                  recovered_bytes=rec.recovered_bytes, temp_removed=len(rec.temp_removed), corrupt=len(rec.corrupt),
                  expired=len(rec.expired), over_capacity=len(rec.over_capacity))  # fmt: skip

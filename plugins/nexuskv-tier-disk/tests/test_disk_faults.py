@@ -13,11 +13,11 @@ import time
 import pytest
 
 from nexuskv import verify_checksum
-from nexuskv_tier_disk import _private as fmt
+from nexuskv_tier_disk import durable_files, file_format
 
 
 def _leftovers(path):
-    return [n for n in os.listdir(path) if n.startswith((fmt.TEMP_PREFIX, fmt.EVICT_PREFIX))]
+    return [n for n in os.listdir(path) if n.startswith((file_format.TEMP_PREFIX, file_format.EVICT_PREFIX))]
 
 
 def test_disk_full_drops_the_payload_reports_it_and_leaves_no_file(open_store, item, monkeypatch):
@@ -29,14 +29,14 @@ def test_disk_full_drops_the_payload_reports_it_and_leaves_no_file(open_store, i
         real(fd, [bytes(views[0])[:10]])  # part of the header lands, then the disk is full
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(fmt.os, "writev", full)
+    monkeypatch.setattr(durable_files.os, "writev", full)
     assert store.put(a.slot, a.payload, a.desc)  # accepted: the write fails later, on the writer thread
     store.flush()
     assert a.slot not in store and store.get(a.slot) is None and store.used_bytes() == 0
     assert store.write_errors == 1
     assert store.events == [(a.slot, a.desc, a.payload)]  # payload attached: the kernel can demote it
     assert os.listdir(store.path) == [".lock"]
-    monkeypatch.setattr(fmt.os, "writev", real)
+    monkeypatch.setattr(durable_files.os, "writev", real)
     assert store.put(b.slot, b.payload, b.desc)
     store.flush()
     assert bytes(store.get(b.slot).payload) == b.payload
@@ -51,7 +51,7 @@ def test_io_error_on_an_overwrite_drops_the_older_file_too(open_store, item, mon
     def broken(fd):
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(fmt.os, "fsync", broken)
+    monkeypatch.setattr(durable_files.os, "fsync", broken)
     store.fsync = True
     store.put(a.slot, a.payload, a.desc)
     store.flush()
@@ -110,7 +110,7 @@ def test_flipped_payload_byte_after_restart(open_store, item):
 def _damage(path, where):
     with open(path, "rb") as f:
         data = bytearray(f.read())
-    header, meta, _ = fmt.read_header(path)
+    header, meta, _ = file_format.read_header(path)
     if where == "truncate":
         data = data[: len(data) - 100]
     elif where == "empty":
@@ -120,7 +120,7 @@ def _damage(path, where):
     elif where == "flip-header":
         data[20] ^= 0x01  # inside the raw length field
     elif where == "flip-descriptor":
-        data[fmt.FIXED_SIZE + len(meta) // 2] ^= 0x01
+        data[file_format.FIXED_SIZE + len(meta) // 2] ^= 0x01
     with open(path, "wb") as f:
         f.write(data)
 
@@ -137,14 +137,14 @@ _CHILD = textwrap.dedent(
     os.dup2(2, 1)
     sys.path.insert(0, {tests!r})
     from conftest import Item
-    from nexuskv_tier_disk import DiskStore, _private as fmt
+    from nexuskv_tier_disk import DiskStore, durable_files
 
     def say(line):
         os.write(report, (line + "\\n").encode())
 
     path, hang_at = sys.argv[1], int(sys.argv[2])
     store = DiskStore(1 << 30, path=path, fsync=True)
-    real = fmt.write_file
+    real = durable_files.write_file
     calls = [0]
 
     def write_file(p, chunks, fsync):
@@ -156,7 +156,7 @@ _CHILD = textwrap.dedent(
             time.sleep(60)
         return real(p, chunks, fsync)
 
-    fmt.write_file = write_file if hang_at else real
+    durable_files.write_file = write_file if hang_at else real
     i = 0
     while True:  # payload i is put until accepted: the accepted payloads are exactly 0, 1, 2, ...
         it = Item(i, 64 << 10)

@@ -6,8 +6,7 @@ import threading
 import pytest
 
 from nexuskv import ConfigError, PersistentTierStore, TensorSpec, TierStore, verify_checksum
-from nexuskv_tier_disk import DiskStore
-from nexuskv_tier_disk import _private as fmt
+from nexuskv_tier_disk import DiskStore, durable_files, file_format
 from nexuskv_tier_disk import store as store_mod
 from nexuskv_tier_disk.plugin import nexuskv_register_tier_stores
 
@@ -49,7 +48,7 @@ def test_roundtrip_each_codec_pending_written_and_reopened(open_store, item, cod
     got = store.get(it.slot)
     assert bytes(got.payload) == it.payload and got.descriptor == it.desc
     assert verify_checksum(got.payload, it.desc.checksum)
-    header, _, size = fmt.read_header(store.file_of(it.slot))
+    header, _, size = file_format.read_header(store.file_of(it.slot))
     assert header.codec == ("raw" if codec == "raw" else codec) and header.raw_len == len(it.payload)
     assert header.elem_size == (0 if codec != "shuffle-zstd" else 4 if tensors else 2)
     assert store.used_bytes() == size
@@ -63,18 +62,18 @@ def test_roundtrip_each_codec_pending_written_and_reopened(open_store, item, cod
 def test_files_are_written_under_a_temporary_name_then_renamed(open_store, item, monkeypatch):
     store = open_store()
     seen = []
-    real = fmt.write_file
+    real = durable_files.write_file
 
     def spy(path, chunks, fsync):
         seen.append((os.path.basename(path), os.path.exists(store.file_of(it.slot))))
         real(path, chunks, fsync)
 
-    monkeypatch.setattr(fmt, "write_file", spy)
+    monkeypatch.setattr(durable_files, "write_file", spy)
     it = item(1)
     store.put(it.slot, it.payload, it.desc)
     store.flush()
     ((name, final_existed),) = seen
-    assert name.startswith(fmt.TEMP_PREFIX) and not final_existed
+    assert name.startswith(file_format.TEMP_PREFIX) and not final_existed
     assert files(store) == [os.path.basename(store.file_of(it.slot))]
 
 
@@ -96,12 +95,12 @@ def test_restart_rebuilds_holdings_priorities_and_lru_order(open_store, item):
         store.put(it.slot, it.payload, it.desc, priority=float(i % 2))
     store.flush()
     store.close()
-    with open(os.path.join(store.path, fmt.TEMP_PREFIX + "leftover"), "wb") as f:
+    with open(os.path.join(store.path, file_format.TEMP_PREFIX + "leftover"), "wb") as f:
         f.write(b"partial")
     with open(os.path.join(store.path, "notes.txt"), "w") as f:
         f.write("not ours")
     again = open_store(capacity_bytes=store.used_bytes(), codec="raw")
-    assert again.recovery.recovered == 4 and again.recovery.temp_removed == [fmt.TEMP_PREFIX + "leftover"]
+    assert again.recovery.recovered == 4 and again.recovery.temp_removed == [file_format.TEMP_PREFIX + "leftover"]
     assert again.recovery.ignored == ["notes.txt"] and not again.recovery.corrupt
     assert dict(again.descriptors()) == {it.slot: it.desc for it in items}
     assert again.used_bytes() == store.used_bytes()
@@ -122,12 +121,12 @@ def test_restart_drops_payloads_past_a_smaller_capacity(open_store, item):
     per_file = store.used_bytes() // 3
     store.close()
     again = open_store(capacity_bytes=2 * per_file + 10)
-    assert again.recovery.over_capacity == [item(2).slot.hex() + fmt.SUFFIX]
+    assert again.recovery.over_capacity == [item(2).slot.hex() + file_format.SUFFIX]
     assert len(again) == 2 and again.used_bytes() <= again.capacity_bytes
 
 
 def test_eviction_order_floor_and_callback(open_store, item):
-    per_file = fmt.FIXED_SIZE + len(fmt.encode_meta(item(0).desc)) + 4096
+    per_file = file_format.FIXED_SIZE + len(file_format.encode_meta(item(0).desc)) + 4096
     store = open_store(capacity_bytes=3 * per_file, codec="raw")
     a, b, c, d, e = (item(i) for i in range(1, 6))
     assert store.put(a.slot, a.payload, a.desc, priority=1.0)
@@ -145,14 +144,14 @@ def test_eviction_order_floor_and_callback(open_store, item):
     assert store.put(e.slot, e.payload, e.desc, priority=2.0)  # evicts the least recently used of priority 1: a
     store.flush()
     assert a.slot not in store and store.events[-1][0] == a.slot
-    assert sorted(n for n in os.listdir(store.path) if n.startswith(fmt.EVICT_PREFIX)) == []
+    assert sorted(n for n in os.listdir(store.path) if n.startswith(file_format.EVICT_PREFIX)) == []
 
 
 def test_pending_victim_is_reported_with_its_payload_and_never_lands(open_store, item, monkeypatch):
     gate = threading.Event()
-    real = fmt.write_file
-    monkeypatch.setattr(fmt, "write_file", lambda *a: (gate.wait(10), real(*a)))
-    probe_size = fmt.FIXED_SIZE + len(fmt.encode_meta(item(1).desc)) + 4096
+    real = durable_files.write_file
+    monkeypatch.setattr(durable_files, "write_file", lambda *a: (gate.wait(10), real(*a)))
+    probe_size = file_format.FIXED_SIZE + len(file_format.encode_meta(item(1).desc)) + 4096
     store = open_store(capacity_bytes=2 * probe_size + 100)
     a, b, c = item(1), item(2), item(3)
     store.put(a.slot, a.payload, a.desc)
@@ -190,13 +189,13 @@ def test_ttl_expiry_is_reported_and_survives_restart(open_store, item, monkeypat
     store.close()
     now[0] += 100
     again = open_store()
-    assert again.recovery.expired == [b.slot.hex() + fmt.SUFFIX] and len(again) == 0
+    assert again.recovery.expired == [b.slot.hex() + file_format.SUFFIX] and len(again) == 0
 
 
 def test_backpressure_when_the_write_queue_is_full(open_store, item, monkeypatch):
     gate = threading.Event()
-    real = fmt.write_file
-    monkeypatch.setattr(fmt, "write_file", lambda *a: (gate.wait(10), real(*a)))
+    real = durable_files.write_file
+    monkeypatch.setattr(durable_files, "write_file", lambda *a: (gate.wait(10), real(*a)))
     store = open_store(write_queue=3)
     results = [store.put(it.slot, it.payload, it.desc) for it in (item(i) for i in range(6))]
     # one write is taken by the writer thread (blocked), three wait in the queue, the rest are refused
@@ -210,8 +209,8 @@ def test_backpressure_when_the_write_queue_is_full(open_store, item, monkeypatch
 
 def test_backpressure_by_bytes(open_store, item, monkeypatch):
     gate = threading.Event()
-    real = fmt.write_file
-    monkeypatch.setattr(fmt, "write_file", lambda *a: (gate.wait(10), real(*a)))
+    real = durable_files.write_file
+    monkeypatch.setattr(durable_files, "write_file", lambda *a: (gate.wait(10), real(*a)))
     store = open_store(write_queue_bytes=10_000)
     results = [store.put(it.slot, it.payload, it.desc) for it in (item(i) for i in range(8))]
     assert not results[-1]
@@ -239,8 +238,8 @@ def test_too_large_and_closed_puts_are_refused(open_store, item):
 
 def test_slow_reads_are_misses_not_corruption(open_store, item, monkeypatch):
     gate = threading.Event()
-    real = fmt.read_verified
-    monkeypatch.setattr(fmt, "read_verified", lambda *a: (gate.wait(10), real(*a))[1])
+    real = file_format.read_verified
+    monkeypatch.setattr(file_format, "read_verified", lambda *a: (gate.wait(10), real(*a))[1])
     store = open_store(read_workers=1, read_queue=0, read_timeout_s=0.05)
     a = item(1)
     store.put(a.slot, a.payload, a.desc)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nexuskv import get_logger
-from nexuskv_tier_mooncake._private import OBJECT_NOT_FOUND, UNREACHABLE, RegisteredBuffer, master_answers
+from nexuskv_tier_mooncake.mooncake_client import OBJECT_NOT_FOUND, UNREACHABLE, RegisteredBuffer, master_answers
 
 __all__ = ["MasterLink", "MooncakeTierError"]
 

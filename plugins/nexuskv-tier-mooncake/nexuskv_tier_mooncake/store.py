@@ -19,18 +19,15 @@ from typing import Any
 
 from nexuskv import EvictionCallback, Lineage, StateDescriptor, StoredState, get_logger, parent_slot, pick_victims
 from nexuskv_tier_mooncake._link import MasterLink, MooncakeTierError
-from nexuskv_tier_mooncake._private import (
+from nexuskv_tier_mooncake.mooncake_client import (
     NO_ROOM,
     OBJECT_ALREADY_EXISTS,
     OBJECT_HAS_LEASE,
     OBJECT_NOT_FOUND,
-    Entry,
-    decode_descriptor,
-    encode_header,
-    header_length,
     load_mooncake,
     split_address,
 )
+from nexuskv_tier_mooncake.object_format import Entry, decode_descriptor, encode_header, header_length
 
 __all__ = ["MooncakeStore", "MooncakeTierError"]
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nexuskv_tier_mooncake._private import WHEEL, load_mooncake, master_answers
+from nexuskv_tier_mooncake.mooncake_client import WHEEL, load_mooncake, master_answers
 
 __all__ = ["MooncakeMaster", "MooncakeMissing", "find_master", "usable"]
 

@@ -22,9 +22,9 @@ from nexuskv import (
     TokenizerIdentity,
     TokenSpan,
     checksum,
+    default_profile,
     to_dict,
 )
-from nexuskv.cost import default_profile
 from nexuskv_tier_mooncake.testing import usable
 
 WHY = usable()

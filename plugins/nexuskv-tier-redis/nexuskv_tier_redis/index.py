@@ -15,11 +15,9 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from nexuskv import DictIndex, Holding, Location, Match
-from nexuskv.contracts import Layout
-from nexuskv.index import IndexSnapshot
+from nexuskv import DictIndex, Holding, IndexSnapshot, Layout, Location, Match
 from nexuskv_tier_redis._index_sync import KEY_LEN, Follower, Op, Publisher
-from nexuskv_tier_redis._private import make_client
+from nexuskv_tier_redis.client import make_client
 
 __all__ = ["ClusterIndex"]
 

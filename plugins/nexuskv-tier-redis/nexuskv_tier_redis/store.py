@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import redis
 
 from nexuskv import EvictionCallback, Lineage, StateDescriptor, StoredState, get_logger, parent_slot, pick_victims
-from nexuskv_tier_redis._private import (
+from nexuskv_tier_redis.client import make_client, where
+from nexuskv_tier_redis.layout import (
     META,
     TOKEN,
     Entry,
@@ -27,11 +28,9 @@ from nexuskv_tier_redis._private import (
     decode_meta,
     encode_meta,
     glob_escape,
-    make_client,
     parse_key,
     slot_key,
     tenant_prefix,
-    where,
 )
 
 __all__ = ["RedisStore", "RedisTierError", "TenantView"]

@@ -33,9 +33,10 @@ from nexuskv import (
     Plan,
     PlanSpan,
     PrefillCost,
+    default_profile,
+    load_profile,
     to_dict,
 )
-from nexuskv.cost import default_profile, load_profile
 from nexuskv_transformers.connector import TransformersConnector
 from nexuskv_transformers.engine import Engine
 
@@ -218,7 +219,7 @@ def measurable(config: KernelConfig) -> Iterator[KernelConfig]:
 
     A kernel refuses a tier its cost profile has no cost for (docs/tiers.md#tier-costs), and measuring such a
     tier is what calibration is for. It reads every tier through explicit plans, so the provisional figure (the
-    one `nexuskv.links` assumes for an unknown link) prices nothing it measures.
+    one `nexuskv.planning.links` assumes for an unknown link) prices nothing it measures.
     """
     base = load_profile(config.profile) if config.profile else default_profile()
     missing = [t for t in config.tiers if t not in base.tiers]
@@ -280,7 +281,7 @@ def calibrate(
 
 
 def save(report: CalibrationReport, path: str | Path) -> None:
-    """Write the profile as JSON (validated on load by `nexuskv.cost.load_profile`)."""
+    """Write the profile as JSON (validated on load by `nexuskv.planning.cost.load_profile`)."""
     import json
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)

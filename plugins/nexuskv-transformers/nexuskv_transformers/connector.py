@@ -141,7 +141,7 @@ class TransformersConnector:
     def _plan(self, request: Request, keys: list[bytes]) -> Plan:
         if self.mode == "nexuskv":
             return self.kernel.plan(request, keys=keys)
-        from nexuskv.planner import to_plan  # the always-reuse baseline: the longest held prefix, unpriced
+        from nexuskv import to_plan  # the always-reuse baseline: the longest held prefix, unpriced
 
         k = self.kernel
         cands = k.planner.candidates(request, k.index.match(keys, request.layout), node=k.node)

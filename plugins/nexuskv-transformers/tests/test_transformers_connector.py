@@ -104,11 +104,11 @@ def test_workload_is_deterministic_and_covers_every_phase():
 def test_plugin_registers_connector_and_commands():
     pm = PluginManager({})
     assert "transformers" in pm.connectors()
-    from nexuskv.cli import _with_plugin_commands
+    from nexuskv.cli import with_plugin_commands
 
     runner = CliRunner()
     for cmd in ("calibrate", "engine-demo"):
-        res = runner.invoke(_with_plugin_commands(), [cmd, "--help"])
+        res = runner.invoke(with_plugin_commands(), [cmd, "--help"])
         assert res.exit_code == 0, res.output
     with Kernel(KernelConfig(node="n1"), secret=SECRET) as k:
         conn = pm.connectors()["transformers"](k, model="latent")

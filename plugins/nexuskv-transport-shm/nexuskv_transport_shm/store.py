@@ -28,7 +28,7 @@ from nexuskv import (
     pick_victims,
     to_dict,
 )
-from nexuskv_transport_shm import _private as p
+from nexuskv_transport_shm import leases, segments
 
 __all__ = ["DEFAULT_DIR", "ShmStore"]
 
@@ -65,7 +65,7 @@ class ShmStore:
             raise ValueError(f"lease_ttl_s must be positive, got {lease_ttl_s}")
         self.name = name
         self.capacity_bytes = int(capacity_bytes)
-        self.namespace = p.check_namespace(namespace)
+        self.namespace = segments.check_namespace(namespace)
         self.directory = Path(shm_dir)
         self._dir = str(self.directory)
         if not self.directory.is_dir():
@@ -74,7 +74,7 @@ class ShmStore:
         self.lease_ttl_s = float(lease_ttl_s)
         self.reap_interval_s = float(reap_interval_s) if reap_interval_s is not None else self.lease_ttl_s / 2
         self.mode = mode
-        self.registry = p.LeaseRegistry(self.directory, self.namespace)
+        self.registry = leases.LeaseRegistry(self.directory, self.namespace)
         self.lease_id: str | None = None
         self._pid = os.getpid()
         self._lock = threading.RLock()
@@ -127,8 +127,8 @@ class ShmStore:
         lost = []
         for slot, (_, _, _, ino) in self._own.items():
             path = self._path(slot)
-            meta = p.read_meta(path)
-            if meta is not None and meta[0].lease_id == lease and p.unlink_if_same(path, ino):
+            meta = segments.read_meta(path)
+            if meta is not None and meta[0].lease_id == lease and segments.unlink_if_same(path, ino):
                 lost.append((slot, self._descriptor(meta[1])))
         self._own.clear()
         self._heap.clear()
@@ -162,7 +162,7 @@ class ShmStore:
         Removed segments that were published are reported through the eviction callback (payload None), so a
         kernel in this process drops them from its index.
         """
-        removed = p.reap(self.directory, self.namespace, self.registry, grace_s=max(self.lease_ttl_s, 1.0))
+        removed = leases.reap(self.directory, self.namespace, self.registry, grace_s=max(self.lease_ttl_s, 1.0))
         if not removed:
             return []
         self.reaped += len(removed)
@@ -193,7 +193,7 @@ class ShmStore:
         self._on_evict = callback
 
     def _path(self, slot: bytes) -> str:
-        return f"{self._dir}/{self.namespace}-{p.SEGMENT}-{slot.hex()}"
+        return f"{self._dir}/{self.namespace}-{segments.SEGMENT}-{slot.hex()}"
 
     def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0,
             ttl_s: float | None = None) -> bool:  # fmt: skip
@@ -225,8 +225,8 @@ class ShmStore:
             else:
                 expires = time.time() + ttl_s if ttl_s is not None else 0.0
                 try:
-                    ino = p.write_segment(self.directory, p.temp_name(self.namespace, lease),
-                                          p.segment_name(self.namespace, slot), desc_bytes, payload, lease,
+                    ino = segments.write_segment(self.directory, segments.temp_name(self.namespace, lease),
+                                          segments.segment_name(self.namespace, slot), desc_bytes, payload, lease,
                                           expires, priority, self.mode)  # fmt: skip
                 except OSError as exc:
                     log.warning("shm put failed", tier=self.name, slot=slot.hex(), error=repr(exc))
@@ -260,8 +260,8 @@ class ShmStore:
             nbytes, _, _, ino = self._own.pop(slot)
             self._used -= nbytes
             path = self._path(slot)
-            mapped = p.map_segment(path)  # the payload stays readable after the unlink (kernel may demote it)
-            if mapped is not None and mapped.header.lease_id == self.lease_id and p.unlink_if_same(path, ino):
+            mapped = segments.map_segment(path)  # the payload stays readable after the unlink (kernel may demote it)
+            if mapped is not None and mapped.header.lease_id == self.lease_id and segments.unlink_if_same(path, ino):
                 self.evictions += 1
                 desc = self._descriptor(mapped.desc)
                 if desc is not None:
@@ -297,13 +297,13 @@ class ShmStore:
                 self._descs.popitem(last=False)
         return desc
 
-    def _live_meta(self, slot: bytes) -> tuple[p.Header, bytes, os.stat_result] | None:
-        meta = p.read_meta(self._path(slot))
+    def _live_meta(self, slot: bytes) -> tuple[segments.Header, bytes, os.stat_result] | None:
+        meta = segments.read_meta(self._path(slot))
         if meta is None or meta[0].expired(time.time()) or not self.lease_alive(meta[0].lease_id):
             return None
         return meta
 
-    def read(self, slot: bytes, cache: p.MapCache | None = None, populate: bool = False) -> StoredState | None:
+    def read(self, slot: bytes, cache: segments.MapCache | None = None, populate: bool = False) -> StoredState | None:
         """Map the slot's segment and return its payload as a read-only view; None on a miss.
 
         A miss also when the segment is incomplete or damaged, its lease is not alive, or its TTL passed; such a
@@ -319,7 +319,7 @@ class ShmStore:
                 return None
             mapped = cache.lookup(path, st)
         if mapped is None:
-            mapped = p.map_segment(path, populate)
+            mapped = segments.map_segment(path, populate)
             if mapped is None:
                 return None
             if cache is not None:
@@ -335,8 +335,8 @@ class ShmStore:
             return None
         return StoredState(mapped.view(), desc)
 
-    def _reclaim(self, slot: bytes, path: str, mapped: p.Mapped) -> None:
-        if p.unlink_if_same(path, mapped.ino):
+    def _reclaim(self, slot: bytes, path: str, mapped: segments.Mapped) -> None:
+        if segments.unlink_if_same(path, mapped.ino):
             self.reaped += 1
             with self._lock:
                 self._forget(slot)
@@ -368,8 +368,8 @@ class ShmStore:
         except FileNotFoundError:
             return
         for entry in entries:
-            parsed = p.parse_name(self.namespace, entry.name)
-            if parsed is not None and parsed[0] == p.SEGMENT:
+            parsed = segments.parse_name(self.namespace, entry.name)
+            if parsed is not None and parsed[0] == segments.SEGMENT:
                 try:
                     yield bytes.fromhex(parsed[1]), entry.path
                 except ValueError:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nexuskv import StoredState, TierStore, get_logger
-from nexuskv_transport_shm._private import MapCache
+from nexuskv_transport_shm.segments import MapCache
 from nexuskv_transport_shm.store import ShmStore
 
 __all__ = ["ShmTransport"]

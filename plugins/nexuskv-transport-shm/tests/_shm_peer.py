@@ -72,7 +72,7 @@ def say(**msg: object) -> None:
 def main() -> None:
     mode, args = sys.argv[1], json.loads(sys.argv[2])
     configure_logging(stream=sys.stderr)  # stdout carries the JSON lines
-    from nexuskv_transport_shm import ShmStore, ShmTransport, _private
+    from nexuskv_transport_shm import ShmStore, ShmTransport, segments
 
     ns, ttl = args["ns"], args.get("ttl", 0.5)
     if mode == "store":
@@ -81,8 +81,8 @@ def main() -> None:
             payload = bytes([i % 256]) * args["size"]
             assert store.put(slot_n(i), payload, descriptor(slot_n(i), payload))
         if args.get("partial"):  # a write cut short: a temp segment with no header yet
-            fd = os.open(store.directory / _private.temp_name(ns, store.lease_id), os.O_CREAT | os.O_WRONLY, 0o600)
-            os.pwrite(fd, b"\x07" * 1000, _private.HEADER_SIZE + 64)
+            fd = os.open(store.directory / segments.temp_name(ns, store.lease_id), os.O_CREAT | os.O_WRONLY, 0o600)
+            os.pwrite(fd, b"\x07" * 1000, segments.HEADER_SIZE + 64)
             os.close(fd)
         say(ready=True, pid=os.getpid(), lease=store.lease_id)
         sys.stdin.read()

@@ -8,7 +8,7 @@ from _shm_peer import slot_n
 from _shm_testing import PEER, eventually, ours, spawn
 
 from nexuskv import verify_checksum
-from nexuskv_transport_shm import ShmStore, ShmTransport, _private
+from nexuskv_transport_shm import ShmStore, ShmTransport, segments
 
 
 def kill(proc, sig=signal.SIGKILL):
@@ -34,7 +34,7 @@ def test_sigkilled_writer_is_never_served_and_its_segments_are_reaped_by_lease(n
         assert reader.get(slot_n(0)) is None and t.fetch(reader, slot_n(2)) is None
         # ... and nothing but the lease reaper removes the rest: no resource tracker, no atexit ran in the peer.
         left = ours(ns)
-        assert left and all(_private.parse_name(ns, n)[0] in "stl" for n in left)
+        assert left and all(segments.parse_name(ns, n)[0] in "stl" for n in left)
         removed = reader.reap()
         assert sorted(removed) == left and ours(ns) == []
         # A view taken while the writer lived stays intact (mapped pages outlive the unlink).
@@ -141,7 +141,7 @@ def test_segments_are_posix_shm_objects_and_why_readers_do_not_attach_with_share
         from _shm_peer import descriptor
 
         assert s.put(slot_n(1), payload, descriptor(slot_n(1), payload))
-        name = _private.segment_name(ns, slot_n(1))
+        name = segments.segment_name(ns, slot_n(1))
         code = ("import sys; from multiprocessing.shared_memory import SharedMemory as S; m = S(name=sys.argv[1]); "
                 "sys.stdout.write(str(bytes(m.buf[-1000:]) == b'\\5' * 1000)); m.close()")  # fmt: skip
         out = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, timeout=60)

@@ -7,7 +7,7 @@ from _shm_peer import kernel_config, request
 from _shm_testing import SHM, ours, spawn
 
 from nexuskv import Kernel
-from nexuskv_transport_shm import ShmStore, ShmTransport, _private
+from nexuskv_transport_shm import ShmStore, ShmTransport, segments
 
 
 def test_kernel_in_another_process_loads_zero_copy_and_misses_once_the_writer_dies(ns):
@@ -47,14 +47,14 @@ def test_kernel_writes_into_shm_and_a_second_kernel_in_this_process_reads_it(ns)
         with Kernel(kernel_config(ns, 0.5)) as b:
             assert bytes(b.load(keys[0], 0, tier="shm", transport="shm").payload) == payload
         # a corrupt segment is quarantined by the kernel's checksum check, never returned
-        path = SHM / _private.segment_name(ns, keys[0] + b"\0")
+        path = SHM / segments.segment_name(ns, keys[0] + b"\0")
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF
         tmp = path.with_name(path.name + "x")
         tmp.write_bytes(bytes(data))
         os.rename(tmp, path)
         assert a.load(keys[0], 0, tier="shm", transport="shm") is None
-        assert ours(ns) == [_private.lease_name(ns, a.tiers["shm"].lease_id)]
+        assert ours(ns) == [segments.lease_name(ns, a.tiers["shm"].lease_id)]
     deadline = time.monotonic() + 5
     while ours(ns) and time.monotonic() < deadline:
         time.sleep(0.02)

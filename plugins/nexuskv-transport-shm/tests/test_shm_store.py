@@ -7,7 +7,7 @@ from _shm_testing import SHM, ours
 from _shm_testing import eventually as _eventually
 
 from nexuskv import PersistentTierStore, PluginManager, TierStore, Transport
-from nexuskv_transport_shm import ShmStore, ShmTransport, _private, as_array
+from nexuskv_transport_shm import ShmStore, ShmTransport, as_array, segments
 
 
 def eventually(cond, timeout=5.0):
@@ -47,7 +47,7 @@ def test_roundtrip_slots_descriptors_delete(store, ns):
     assert store.delete(slot_n(1)) and not store.delete(slot_n(1)) and store.get(slot_n(1)) is None
     assert store.used_bytes() == 300
     # one published segment per slot plus this store's lease record
-    assert ours(ns) == sorted([_private.segment_name(ns, slot_n(2)), _private.lease_name(ns, store.lease_id)])
+    assert ours(ns) == sorted([segments.segment_name(ns, slot_n(2)), segments.lease_name(ns, store.lease_id)])
 
 
 def test_reader_view_is_zero_copy_over_the_segment(store, ns):
@@ -58,7 +58,7 @@ def test_reader_view_is_zero_copy_over_the_segment(store, ns):
     with pytest.raises(TypeError):
         view[0] = 9  # read-only mapping: a reader cannot scribble on shared state
     # The view *is* the segment: a byte changed in the segment file is seen through the view (no copy made).
-    path = SHM / _private.segment_name(ns, slot_n(5))
+    path = SHM / segments.segment_name(ns, slot_n(5))
     with open(path, "r+b") as fh, mmap.mmap(fh.fileno(), 0) as w:
         off = len(w) - 4096
         w[off + 7] = 42
@@ -132,7 +132,7 @@ def test_ttl_expiry_is_a_miss_and_reported(store, ns):
     put(store, 2)
     assert eventually(lambda: store.get(slot_n(1)) is None)
     assert seen == [(slot_n(1), None)]
-    assert _private.segment_name(ns, slot_n(1)) not in ours(ns)
+    assert segments.segment_name(ns, slot_n(1)) not in ours(ns)
     assert store.get(slot_n(2)) is not None
 
 
@@ -140,9 +140,9 @@ def test_a_live_peer_segment_with_the_same_checksum_is_not_rewritten(ns, store):
     other = ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600)
     try:
         payload = put(other, 1, size=1000)
-        ino = os.stat(SHM / _private.segment_name(ns, slot_n(1))).st_ino
+        ino = os.stat(SHM / segments.segment_name(ns, slot_n(1))).st_ino
         assert store.put(slot_n(1), payload, descriptor(slot_n(1), payload))
-        assert os.stat(SHM / _private.segment_name(ns, slot_n(1))).st_ino == ino
+        assert os.stat(SHM / segments.segment_name(ns, slot_n(1))).st_ino == ino
         assert store.used_bytes() == 0 and other.used_bytes() == 1000
     finally:
         other.close()
@@ -151,7 +151,7 @@ def test_a_live_peer_segment_with_the_same_checksum_is_not_rewritten(ns, store):
 
 def test_torn_incomplete_or_damaged_segments_are_never_read(store, ns):
     put(store, 1, size=1000)
-    good = (SHM / _private.segment_name(ns, slot_n(1))).read_bytes()
+    good = (SHM / segments.segment_name(ns, slot_n(1))).read_bytes()
     cases = {
         2: bytearray(good),  # flag "complete" not set (the header is written last)
         3: bytearray(good[:-10]),  # truncated payload
@@ -160,21 +160,21 @@ def test_torn_incomplete_or_damaged_segments_are_never_read(store, ns):
     }
     flags_at = 10
     cases[2][flags_at] = 0
-    cases[4][_private.HEADER_SIZE + 5] ^= 0xFF
+    cases[4][segments.HEADER_SIZE + 5] ^= 0xFF
     cases[5][0:8] = b"NOTASHM!"
     for i, data in cases.items():
-        (SHM / _private.segment_name(ns, slot_n(i))).write_bytes(bytes(data))
+        (SHM / segments.segment_name(ns, slot_n(i))).write_bytes(bytes(data))
         assert store.get(slot_n(i)) is None, i
         assert ShmTransport().fetch(store, slot_n(i)) is None, i
         assert slot_n(i) not in store
     assert sorted(store.slots()) == [slot_n(1)]
     # A write in progress lives under a temp name: readers never see it, it is not a slot.
-    tmp = SHM / _private.temp_name(ns, store.lease_id)
+    tmp = SHM / segments.temp_name(ns, store.lease_id)
     tmp.write_bytes(good[:500])
     assert sorted(store.slots()) == [slot_n(1)]
     tmp.unlink()
     for i in cases:
-        (SHM / _private.segment_name(ns, slot_n(i))).unlink()
+        (SHM / segments.segment_name(ns, slot_n(i))).unlink()
 
 
 def test_bad_options_are_refused(ns, tmp_path):

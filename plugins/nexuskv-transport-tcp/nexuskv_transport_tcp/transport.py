@@ -12,7 +12,6 @@ import time
 from collections.abc import Mapping, Sequence
 
 from nexuskv import DescriptorParser, StateDescriptor, StoredState, TierStore, get_logger, parse_bytes
-from nexuskv_transport_tcp._private import Conn, Pool, Server, connect, format_address, parse_address
 from nexuskv_transport_tcp._wire import (
     HIT,
     MAX_SLOT_BYTES,
@@ -25,6 +24,8 @@ from nexuskv_transport_tcp._wire import (
     encode_request,
     read_answer_head,
 )
+from nexuskv_transport_tcp.connections import Conn, Pool, connect, format_address, parse_address
+from nexuskv_transport_tcp.server import Server
 
 __all__ = ["TcpTransport", "TransportError"]
 

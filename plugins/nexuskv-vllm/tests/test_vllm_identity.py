@@ -59,7 +59,7 @@ def test_vllm_identity_command_prints_the_models_identity(model_dir):
     import json
 
     from click.testing import CliRunner
-    from nexuskv_vllm.plugin import identity_command
+    from nexuskv_vllm.commands import identity_command
 
     res = CliRunner().invoke(identity_command, [str(model_dir), "--dtype", "float32"])
     assert res.exit_code == 0, res.output

@@ -1,0 +1,1 @@
+"""The CEL type checker: name resolution, type relations, type parameters, the cost bound."""

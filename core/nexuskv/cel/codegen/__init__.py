@@ -1,0 +1,1 @@
+"""Checked CEL trees to Python source: code generation and constant folding."""

@@ -1,0 +1,1 @@
+"""CEL source text to a tree: the grammar, literal decoding, macros."""

@@ -1,0 +1,1 @@
+"""This node in a cluster: its lease, its epoch (the fencing token), the heartbeat."""

@@ -1,0 +1,1 @@
+"""The request paths: read (plan), write (commit), load (materialize), route."""

@@ -1,0 +1,198 @@
+"""The read path: `plan` end to end, inside the deadline, and fail-open whatever goes wrong.
+
+One request's plan goes: control plane and transport health -> keys (plain, session or given) -> match (the
+builtin index inline, a plugin matcher under a watchdog) -> the tenant's policy -> decide (planner) -> shared
+scopes other tenants grant -> prefetch proposals -> the decision log. Any exception, a passed deadline or an
+unhealthy control plane gives `recompute` with the reason (`fail-open: ...`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import functools
+import random
+import threading
+import time
+from collections.abc import Sequence
+
+from nexuskv.cluster.membership import Membership
+from nexuskv.contracts import Plan, PlanAction, Request
+from nexuskv.contracts.config import KernelConfig
+from nexuskv.errors import DeadlinePassed
+from nexuskv.errors import check_deadline as check
+from nexuskv.logs import get_logger
+from nexuskv.ops.capture import DecisionInputs, Recorder
+from nexuskv.ops.decision_log import DecisionLog
+from nexuskv.planning.breakers import Health
+from nexuskv.planning.cost import CostModel
+from nexuskv.planning.decision import decide_with_shares, to_plan
+from nexuskv.planning.planner import Planner
+from nexuskv.planning.seal import PlanSeal
+from nexuskv.plugins.interfaces import slot_of
+from nexuskv.policy.loader import Policies
+from nexuskv.policy.serving.live import LivePolicies
+from nexuskv.state.index import Match, Matcher
+from nexuskv.state.keys import Keys
+from nexuskv.storage.prefetch import Prefetcher
+
+__all__ = ["ReadPath"]
+
+log = get_logger("nexuskv.kernel")  # planning failures keep the logger name operators filter on
+
+
+class ReadPath:
+    """Plans requests; owns the matcher watchdog, link conditions and prefetch de-duplication."""
+
+    def __init__(self, config: KernelConfig, keys: Keys, index: Matcher, planner: Planner, live: LivePolicies | None,
+                 membership: Membership, health: Health, cost: CostModel, prefetcher: Prefetcher,
+                 decisions: DecisionLog, seal: PlanSeal) -> None:  # fmt: skip
+        self.config = config
+        self.seal = seal
+        self.keys = keys
+        self.index = index
+        self.planner = planner
+        self.live = live
+        self.membership = membership
+        self.health = health
+        self.cost = cost
+        self.prefetcher = prefetcher
+        self.decisions = decisions
+        self.bandwidth_scale: dict[str, float] = dict(config.bandwidth_scale)  # congestion a caller reports
+        self.link_load: dict[str, float] = {}  # bytes in flight per tier a caller reports (replay, schedulers)
+        tiers = planner.tier_order
+        self.prefetch_target = tiers[0] if len(tiers) > 1 else ""
+        # bounded matchers that take a deadline (the builtin, the native plugin) run inline; others under a watchdog
+        self._inline_matcher = getattr(type(index), "inline", False) is True  # declared by the class, not proxied
+        self._watchdog = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="nexuskv-watchdog")
+        self._recent_prefetch: dict[tuple[bytes, int, str], float] = {}
+        self.deadline_fallbacks = 0  # plans that answered recompute because their deadline passed
+        self._lock = threading.Lock()  # guards prefetch de-duplication and the fallback count
+
+    @property
+    def policies(self) -> Policies | None:
+        """The serving policies: read it once per operation, and use that object throughout."""
+        return self.live.current if self.live is not None else None
+
+    def match(self, request: Request, keys: Sequence[bytes] | None = None) -> Match:
+        """What of the request is held, where: per-block holdings and restore points by kind, tier and node."""
+        return self.index.match(self.keys.keys(request) if keys is None else keys, request.layout)
+
+    def plan(self, request: Request, *, keys: Sequence[bytes] | None = None, session: str | None = None,
+             deadline_ms: float | None = None) -> Plan:  # fmt: skip
+        """Decide what of `request` to restore, from where, and what to prefetch; never later than the deadline.
+
+        Any failure on the way (a plugin raising, the deadline passing, the control plane down) gives a
+        `recompute` plan whose reasons say why.
+        """
+        t0 = time.perf_counter()
+        budget = (deadline_ms if deadline_ms is not None else
+                  (request.slo.deadline_ms if request.slo.deadline_ms is not None else self.config.deadline_ms))
+        end = t0 + budget / 1e3  # every stage and every long loop checks it: the wall time is bounded
+        decision_id = f"{random.getrandbits(64):016x}"  # no system call: it would hand the GIL away mid-plan
+        stage = "start"
+        policies = self.policies  # one revision for the whole plan, whatever a reload swaps in meanwhile
+        try:
+            if policies is None and self.live is not None:
+                return self._fallback(request, decision_id, t0, "no policy revision serving yet")
+            if not self.membership.ok():
+                return self._fallback(request, decision_id, t0,
+                                      f"control plane unavailable ({self.membership.problem})")
+            mover = f"transport:{self.planner.transport}"
+            if not self.health.allow(mover):
+                return self._fallback(request, decision_id, t0, f"{mover} circuit open "
+                                      f"({self.health.breaker(mover).last_error})")  # fmt: skip
+            stage = "keys"
+            if keys is None:
+                keys = self.keys.keys_for(request, session, deadline=end)
+            stage = "match"
+            if self._inline_matcher:
+                match = self.index.match(keys, request.layout, deadline=end)  # type: ignore[call-arg]
+            else:  # a plugin matcher runs under a watchdog: a hung plugin costs the deadline, never more
+                future = self._watchdog.submit(self.index.match, keys, request.layout)
+                try:
+                    match = future.result(timeout=max(end - time.perf_counter(), 0.0))
+                except concurrent.futures.TimeoutError:
+                    raise DeadlinePassed("the matcher") from None
+            check(end, "match")
+            stage = "plan"
+            args = dict(node=request.node or self.config.node, decision_id=decision_id,
+                        revision=policies.revision if policies is not None else "", epoch=self.membership.epoch,
+                        inflight=self._inflight(), bandwidth_scale=self.bandwidth_scale,
+                        prefetch_target=self.prefetch_target)  # fmt: skip
+            # the tenant's policy and the scopes others share with it: resolved here, once, and handed on
+            policy = policies.for_tenant(request.tenant) if policies is not None else None
+            shares = policies.shared_with(request.tenant) if policies is not None else ()
+            capture = self.capture(request.tenant)
+            planner, recorder, shared = self.planner, None, None
+            if capture:  # plan through a recorder: the inputs are what this plan read, as it read them
+                recorder = Recorder(self.health, self.cost.links)
+                planner, shared = recorder.planner(self.planner), {}
+                args["now"] = datetime.datetime.now(datetime.UTC)
+            lookup = functools.partial(self.keys.shared_match, self.index, request, end, self._inline_matcher, shared)
+            decision, shared_keys = decide_with_shares(planner, request, match, policy, shares, args, lookup, end)
+            if shared_keys is not None:
+                keys = shared_keys
+        except DeadlinePassed as exc:
+            with self._lock:  # the count stays exact under many planning threads
+                self.deadline_fallbacks += 1
+            return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed in {exc.stage}")
+        except Exception as exc:
+            log.exception("planning failed", stage=stage, request_id=request.request_id)
+            return self._fallback(request, decision_id, t0, f"{stage} failed: {type(exc).__name__}: {exc}")
+        plan = self.seal.seal(decision.plan, fresh=True)  # made by decide() for this call alone
+        if plan.prefetch:
+            self._propose_prefetch(request, keys, plan)
+        inputs = None
+        if recorder is not None:  # the objects as they are: rendered (and replayed) off the hot path
+            recorder.complete()
+            inputs = DecisionInputs(request, match, args["node"], args["epoch"], args["inflight"],  # type: ignore[arg-type]
+                                    dict(args["bandwidth_scale"]), args["prefetch_target"],  # type: ignore[call-overload]
+                                    frozenset(recorder.denied), recorder.links, shared or {},
+                                    at=args["now"])  # type: ignore[arg-type]  # fmt: skip
+        # the policy that decided: the tenant's own file, or `default` (a bounded label, whoever the caller names)
+        policy = plan.tenant if policies is not None and plan.tenant in policies.sets else "default"
+        self.decisions.record(plan, t0, inputs=inputs, policies=policies if capture else None, policy=policy)
+        return plan
+
+    def capture(self, tenant: str) -> bool:
+        """Whether plans of `tenant` keep their inputs (shadow evaluation runs, or its records carry them)."""
+        return self.decisions.wants_inputs(tenant)
+
+    def _inflight(self) -> dict[str, float]:
+        out: dict[str, float] = dict(self.link_load)
+        for tier, n in self.prefetcher.inflight_bytes().items():
+            out[tier] = out.get(tier, 0.0) + n
+        return out
+
+    def _fallback(self, request: Request, decision_id: str, t0: float, reason: str) -> Plan:
+        plan = to_plan(request, None, action=PlanAction.RECOMPUTE, decision_id=decision_id,
+                       page=request.layout.page_size, transport="", reasons=[f"fail-open: {reason}"],
+                       epoch=self.membership.epoch, cost=self.cost)  # fmt: skip
+        plan = self.seal.seal(plan, fresh=True)
+        self.decisions.record(plan, t0, fallback=True)
+        return plan
+
+    def _propose_prefetch(self, request: Request, keys: Sequence[bytes], plan: Plan) -> None:
+        """Hand the plan's prefetch spans to the prefetcher: O(1) here, the slots are listed on its thread."""
+        page = request.layout.page_size
+        block_bytes = self.cost.bytes_per_token * page
+        groups = len(request.layout.groups)
+        now = time.monotonic()
+        with self._lock:  # the same prefix planned on two threads is prefetched once
+            if len(self._recent_prefetch) > 10_000:
+                self._recent_prefetch = {k: v for k, v in self._recent_prefetch.items() if v > now}
+            for span in plan.prefetch:
+                first = (keys[span.start // page], span.end, span.target_tier)
+                if self._recent_prefetch.get(first, 0.0) > now:
+                    continue  # asked for moments ago (the same session's next turn, a shared prefix): deduplicated
+                self._recent_prefetch[first] = now + self.config.prefetch_deadline_s
+                blocks = keys[span.start // page : span.end // page]
+                self.prefetcher.propose(request.tenant, lambda blocks=blocks: [slot_of(k, g) for k in blocks
+                                                                               for g in range(groups)],
+                                        span.tier, span.target_tier, block_bytes, self.config.prefetch_deadline_s,
+                                        context=request)  # place rules see the request  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the matcher watchdog."""
+        self._watchdog.shutdown(wait=False, cancel_futures=True)

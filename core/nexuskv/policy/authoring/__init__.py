@@ -1,0 +1,1 @@
+"""Tools for policy authors: unit tests with coverage, explanations of a decision."""

@@ -1,0 +1,1 @@
+"""Where state lives: the tier hierarchy, eviction, the bounded write queue, prefetch."""

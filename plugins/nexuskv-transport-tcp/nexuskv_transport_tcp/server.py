@@ -1,0 +1,127 @@
+"""The TCP transport's server: the background thread that answers peers' slot requests from this node's tiers."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import socketserver
+import threading
+from collections.abc import Mapping
+
+from nexuskv import DescriptorEncoder, TierStore, get_logger
+from nexuskv_transport_tcp._wire import (
+    HIT,
+    MISS,
+    SERVER_ERROR,
+    UNKNOWN_TIER,
+    ProtocolError,
+    Reader,
+    encode_answer,
+    read_request,
+    send_buffers,
+)
+from nexuskv_transport_tcp.connections import format_address, nodelay
+
+__all__ = ["Server"]
+
+
+log = get_logger("nexuskv_transport_tcp.server")
+
+
+_FLUSH_BYTES = 256 << 10  # answers are sent once this much is pending (or a payload this big comes)
+
+
+_FLUSH_BUFFERS = 256
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    """Serves one connection: requests, one after another, until EOF or a malformed frame."""
+
+    server: Server
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        nodelay(sock)
+        peer = format_address(*self.client_address[:2]) if self.client_address else "?"
+        reader = Reader(sock)
+        self.server.track(sock, True)
+        try:
+            while not reader.at_eof():
+                tier, slots = read_request(reader)
+                self.server.answer(sock, tier, slots)
+        except ProtocolError as e:
+            log.warning("tcp_malformed_request", peer=peer, error=str(e))
+        except OSError as e:
+            log.info("tcp_connection_lost", peer=peer, error=str(e))
+        except Exception:
+            log.exception("tcp_server_failure", peer=peer)
+        finally:
+            self.server.track(sock, False)
+
+
+class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """Answers reads of a live tier mapping, one daemon thread per connection."""
+
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+    def __init__(self, host: str, port: int, tiers: Mapping[str, TierStore]) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.tiers = tiers
+        self.descriptors = DescriptorEncoder()
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
+        super().__init__((host, port), _Handler)
+
+    def track(self, sock: socket.socket, live: bool) -> None:
+        """Remember (or forget) an open connection, so `stop` can end it."""
+        with self._conns_lock:
+            if live:
+                self._conns.add(sock)
+            else:
+                self._conns.discard(sock)
+
+    def answer(self, sock: socket.socket, tier: str, slots: list[bytes]) -> None:
+        """Send one answer per slot, batching small ones into vectored sends."""
+        store = self.tiers.get(tier)
+        pending: list[bytes | memoryview] = []
+        size = 0
+        for slot in slots:
+            if store is None:
+                pending.append(encode_answer(UNKNOWN_TIER))
+            else:
+                head, payload = _answer_slot(store, tier, slot, self.descriptors)
+                pending.append(head)
+                size += len(head)
+                if payload is not None:
+                    pending.append(payload)
+                    size += payload.nbytes
+            if size >= _FLUSH_BYTES or len(pending) >= _FLUSH_BUFFERS:
+                send_buffers(sock, pending)
+                pending, size = [], 0
+        send_buffers(sock, pending)
+
+    def stop(self) -> None:
+        """Stop accepting (the caller has ended `serve_forever`), close the listener, end open connections."""
+        self.server_close()
+        with self._conns_lock:
+            conns = list(self._conns)
+        for sock in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _answer_slot(store: TierStore, tier: str, slot: bytes,
+                 encoder: DescriptorEncoder) -> tuple[bytes, memoryview | None]:  # fmt: skip
+    """(answer head + descriptor, payload view or None) of one slot; a store failure is a server-error answer."""
+    try:
+        got = store.get(slot)
+        if got is None:
+            return encode_answer(MISS), None
+        payload = memoryview(got.payload).cast("B")
+        descriptor = encoder.encode(got.descriptor)
+    except Exception as e:
+        log.exception("tcp_store_read_failed", tier=tier, slot=slot.hex())
+        return encode_answer(SERVER_ERROR, f"{type(e).__name__}: {e}".encode()[:4096]), None
+    return encode_answer(HIT, descriptor, payload.nbytes), payload
