@@ -201,6 +201,16 @@ def private_imports(paths: list[Path]) -> dict[str, list[str]]:
     return out
 
 
+def test_the_tests_mirror_the_rooms():
+    """`tests/<room>/test_<module>.py` (sub-rooms nested likewise); the root's modules are tested in `tests/`."""
+    tests = REPO / "tests"
+    folders = {d.relative_to(tests).as_posix() for d in tests.rglob("*") if d.is_dir()
+               and d.name not in ("__pycache__", "data") and "data" not in d.relative_to(tests).parts}  # fmt: skip
+    rooms = {d.relative_to(ROOT).as_posix() for d in ROOT.rglob("*") if (d / "__init__.py").is_file()}
+    assert folders - rooms == set()
+    assert all((tests / f / "__init__.py").is_file() for f in folders)
+
+
 def test_plugins_benches_and_examples_import_only_public_modules():
     files = [p for d in ("plugins", "bench", "examples") for p in sorted((REPO / d).rglob("*.py"))
              if ".venv" not in p.parts and "target" not in p.parts]  # fmt: skip

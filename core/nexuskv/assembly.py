@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 from nexuskv.cel import plugin_functions
 from nexuskv.cluster.membership import Membership
@@ -252,7 +252,7 @@ class KernelParts:
         self.hierarchy.close()
         self.membership.close()
 
-    def __enter__(self) -> KernelParts:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
