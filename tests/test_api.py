@@ -1,6 +1,7 @@
 """The public API is exactly this list: changing it is a deliberate act (and a CHANGELOG entry)."""
 
 import nexuskv
+from tests.test_architecture import PUBLIC_MODULES
 
 PUBLIC = {
     "AdapterIdentity", "BlockKeyer", "CHAIN_PERSON", "Calibration", "ChecksumError", "CodecCost", "CommitResult",
@@ -24,10 +25,7 @@ ADDED = {
     "PolicyError", "Rollout", "default_profile", "load_profile", "to_plan",
 }  # fmt: skip
 
-PUBLIC_MODULES = {
-    "nexuskv", "nexuskv.cel", "nexuskv.cel.conformance", "nexuskv.cli", "nexuskv.testing", "nexuskv.testing.stress",
-}  # fmt: skip
-"""The modules code outside the kernel may import (besides the builtin plugins, `nexuskv.builtins.*`)."""
+
 
 
 def test_public_api_is_pinned():
@@ -36,6 +34,11 @@ def test_public_api_is_pinned():
 
 def test_no_public_name_was_dropped():
     assert set(nexuskv.__all__) >= PUBLIC
+
+
+def test_the_public_modules_are_these():
+    assert {"nexuskv", "nexuskv.cel", "nexuskv.cel.conformance", "nexuskv.cli", "nexuskv.testing",
+                              "nexuskv.testing.stress"} == PUBLIC_MODULES  # fmt: skip
 
 
 def test_every_public_module_imports_and_names_its_api():

@@ -45,7 +45,7 @@ FLOORS: list[tuple[str, list[list[str]]]] = [
                  ["storage.hierarchy"]]),
     ("paths", [["paths", "paths.write", "paths.read"], ["paths.load", "paths.route"]]),
     ("facade", [["assembly"], ["kernel"], [""]]),
-    ("cli", [["cli.demo", "cli.impact", "cli.rollout", "cli.status"], ["cli.main"], ["cli"]]),
+    ("cli", [["cli.demo", "cli.impact", "cli.rollout", "cli.status"], ["cli.commands"], ["cli"]]),
     ("testing", [["testing"], ["testing.stress"]]),
     ("builtins", [["builtins.*"]]),
 ]  # fmt: skip
@@ -53,7 +53,7 @@ ROOT_FLOORS = ("foundation", "facade")  # the package root's modules: the bottom
 
 PUBLIC_MODULES = {"nexuskv", "nexuskv.cel", "nexuskv.cel.conformance", "nexuskv.cli", "nexuskv.testing",
                   "nexuskv.testing.stress"}  # fmt: skip
-"""What code outside the kernel may import, besides the builtin plugins (`nexuskv.builtins.*`)."""
+"""What code outside the kernel may import, besides the builtin plugins (`nexuskv.builtins.*`); `test_api` pins it."""
 
 MAX_LINES, MAX_FACADE_LINES, MAX_MODULES_PER_FOLDER = 450, 300, 12
 
@@ -74,20 +74,51 @@ def _resolve(name: str) -> str:
     return rel
 
 
-def _imported(tree: ast.AST) -> list[str]:
-    """Dotted names of every `nexuskv` import in a tree (module level or inside functions), names included."""
+def _dotted(node: ast.AST) -> str:
+    """`a.b.c` of an attribute chain rooted at a name ("" for anything else)."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+def _imported(tree: ast.AST, package: str | None = None) -> list[str]:
+    """Dotted names of every `nexuskv` module a tree reaches, names included, wherever in the tree.
+
+    `from nexuskv.a import b`, `import nexuskv.a`, relative imports (`from ..a import b`, when `package`, the
+    dotted package the file is in, is given), `importlib.import_module("nexuskv.a")` / `__import__`, and
+    attribute chains such as `nexuskv.a.b` (after `import nexuskv`).
+    """
     out: list[str] = []
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # links inside a longer chain
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "nexuskv":
-            out.extend(f"{node.module}.{alias.name}" for alias in node.names)
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level and package is not None:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join([*base, *([module] if module else [])])
+            if module.split(".")[0] == "nexuskv":
+                out.extend(f"{module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             out.extend(a.name for a in node.names if a.name.split(".")[0] == "nexuskv")
+        elif isinstance(node, ast.Call) and _dotted(node.func) in ("importlib.import_module", "import_module",
+                                                                   "__import__"):  # fmt: skip
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("nexuskv."):
+                out.append(arg.value)
+        elif isinstance(node, ast.Attribute) and id(node) not in inner:
+            name = _dotted(node)
+            if name.startswith("nexuskv."):
+                out.append(name)
     return out
 
 
 def imports_of(path: Path) -> set[str]:
     """Kernel modules `path` imports."""
-    return {_resolve(n) for n in _imported(ast.parse(path.read_text()))}
+    rel = path.relative_to(ROOT).with_suffix("").parts
+    package = ".".join(["nexuskv", *(rel if rel[-1] == "__init__" else rel[:-1])]).removesuffix(".__init__")
+    return {_resolve(n) for n in _imported(ast.parse(path.read_text()), package)}
 
 
 def graph() -> dict[str, set[str]]:
@@ -221,11 +252,20 @@ def test_plugins_benches_and_examples_import_only_public_modules():
 def test_a_private_import_is_caught(tmp_path):
     f = tmp_path / "plugin.py"
     f.write_text("from nexuskv import Kernel\nfrom nexuskv.cel import compile_expr\nimport nexuskv.builtins.dram\n"
-                 "def later():\n    from nexuskv.planning.cost import CostModel\n    from nexuskv.cli import _x\n")
-    assert list(private_imports([f]).values()) == [["nexuskv.cli._x", "nexuskv.planning.cost"]]
+                 "from nexuskv.cli import main\n"
+                 "def later():\n    from nexuskv.planning.cost import CostModel\n    from nexuskv.cli import _x\n"
+                 "    importlib.import_module('nexuskv.state.keys')\n    return nexuskv.paths.read.ReadPath\n")
+    assert list(private_imports([f]).values()) == [["nexuskv.cli._x", "nexuskv.paths.read", "nexuskv.planning.cost",
+                                                     "nexuskv.state.keys"]]
+
+
+def test_relative_imports_are_read():
+    assert _imported(ast.parse("from .. import kernel\nfrom .write import WritePath\n"), "nexuskv.paths") == [
+        "nexuskv.kernel", "nexuskv.paths.write.WritePath"]
 
 
 DISTRIBUTIONS = sorted(p.parent for p in (REPO / "plugins").glob("*/pyproject.toml"))
+GRAB_BAGS = {"private", "misc", "util", "utils", "helpers", "common", "stuff"}  # names that say nothing held
 
 
 def plugin_problems(dist: Path) -> list[str]:
@@ -242,13 +282,15 @@ def plugin_problems(dist: Path) -> list[str]:
     if len(targets) != 1 or not targets[0].endswith(".plugin"):
         out.append(f"{name}: the nexuskv entry point must name <package>.plugin (has {targets})")
         return out
-    pkg = dist / targets[0].removesuffix(".plugin")
-    for grab_bag in sorted(pkg.rglob("_private.py")):
+    pkg = dist / targets[0].removesuffix(".plugin").replace(".", "/")
+    if not (pkg / "plugin.py").is_file():
+        return [*out, f"{name}: no {targets[0].replace('.', '/')}.py"]
+    for grab_bag in sorted(p for p in pkg.rglob("*") if p.stem.lstrip("_") in GRAB_BAGS):
         out.append(f"{name}: {grab_bag.relative_to(dist)}: name a private module by what it holds")
     tree = ast.parse((pkg / "plugin.py").read_text())
     for node in tree.body:
         hook = isinstance(node, ast.FunctionDef) and any(
-            getattr(d, "id", None) == "hookimpl" or getattr(getattr(d, "func", None), "id", None) == "hookimpl"
+            "hookimpl" in (_dotted(d.func if isinstance(d, ast.Call) else d).split(".")[-1:] or [""])
             for d in node.decorator_list)  # fmt: skip
         doc = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
         dunder_all = (isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["__all__"]) or (
@@ -256,6 +298,11 @@ def plugin_problems(dist: Path) -> list[str]:
         if not (hook or doc or dunder_all or isinstance(node, (ast.Import, ast.ImportFrom))):
             what = getattr(node, "name", type(node).__name__)
             out.append(f"{name}: plugin.py holds {what} (only hooks belong there: move it to a module of its role)")
+        elif hook:
+            nested = [n.name for n in ast.walk(node) if n is not node
+                      and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]  # fmt: skip
+            out.extend(f"{name}: plugin.py: hook {node.name} defines {n} (move it to a module of its role)"
+                       for n in nested)  # fmt: skip
     return out
 
 
@@ -269,13 +316,20 @@ def test_a_plugin_off_the_pattern_is_caught(tmp_path):
     (dist / "nexuskv_x").mkdir(parents=True)
     (dist / "pyproject.toml").write_text('[project.entry-points.nexuskv]\nx = "nexuskv_x.plugin"\n')
     (dist / "nexuskv_x" / "_private.py").write_text("")
-    (dist / "nexuskv_x" / "plugin.py").write_text("from nexuskv import hookimpl\n\n@hookimpl\ndef nexuskv_x(): ...\n"
-                                                  "def helper(): ...\n")  # fmt: skip
+    (dist / "nexuskv_x" / "_misc").mkdir()
+    (dist / "nexuskv_x" / "plugin.py").write_text(
+        "import nexuskv\nfrom nexuskv import hookimpl\n\n@hookimpl\ndef nexuskv_x(): ...\n"
+        "@nexuskv.hookimpl(tryfirst=True)\ndef nexuskv_y():\n    class Store: ...\n    return Store\n"
+        "def helper(): ...\n")  # fmt: skip
     assert plugin_problems(dist) == [
         "nexuskv-x: no README.md",
+        "nexuskv-x: nexuskv_x/_misc: name a private module by what it holds",
         "nexuskv-x: nexuskv_x/_private.py: name a private module by what it holds",
+        "nexuskv-x: plugin.py: hook nexuskv_y defines Store (move it to a module of its role)",
         "nexuskv-x: plugin.py holds helper (only hooks belong there: move it to a module of its role)",
     ]
+    (dist / "nexuskv_x" / "plugin.py").unlink()
+    assert plugin_problems(dist)[-1] == "nexuskv-x: no nexuskv_x/plugin.py"
 
 
 def test_a_back_import_is_caught():

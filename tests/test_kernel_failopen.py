@@ -259,6 +259,39 @@ def test_hung_matcher_plugin_costs_the_deadline_not_more():
         k.close()
 
 
+def test_a_hung_matcher_plugin_on_a_shared_scope_leaves_the_own_plan_standing():
+    """The shared scope's match is bounded like the own one: the plan answers while the plugin still hangs."""
+    from pathlib import Path
+
+    from nexuskv import DictIndex, Location, ModelIdentity
+
+    gate, hanging = threading.Event(), []
+
+    class HangsAfterTheFirst(SlowMatcher):
+        calls = 0
+
+        def match(self, keys, layout):
+            HangsAfterTheFirst.calls += 1
+            if HangsAfterTheFirst.calls > 1:  # the shared scope's match: hang until the test lets go
+                hanging.append(True)
+                gate.wait(30)
+                hanging.append(False)
+            return self.inner.match(keys, layout)
+
+    policies = str(Path(__file__).resolve().parents[1] / "policies")
+    cfg = KernelConfig(node="n1", deadline_ms=50, policies=policies)
+    k = Kernel(cfg, plugins=matcher_plugin(lambda: HangsAfterTheFirst(DictIndex(), 0)), secret=SECRET)
+    try:
+        docs = make_request(range(16 * 8), tenant="rag", scope="docs", model=ModelIdentity(name="tiny-llama"))
+        k.index.insert_many(k.keys(docs), Location("dram", "n1", k.epoch))
+        plan = k.plan(make_request(range(16 * 8 + 3), tenant="chat", model=ModelIdentity(name="tiny-llama")))
+        assert hanging == [True]  # it answered while the shared scope's match still hung
+        assert plan.namespace is None and not plan.reasons[0].startswith("fail-open")  # its own plan stood
+    finally:
+        gate.set()
+        k.close()
+
+
 def test_raising_matcher_plugin_gives_recompute_with_the_reason():
     class Broken:
         def match(self, keys, layout):

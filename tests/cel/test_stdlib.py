@@ -1,11 +1,9 @@
-"""CEL's standard library and extensions as the compiler implements them (`_celstd`, `_celstdlib`, `_celext`,
-`_celmacros`, `_celresolve`, `_celgeneric`, `_celvalues`): gradual typing, run-time uint, type values,
-optionals, namespaced functions, containers, the parse-only mode, generic plugin functions, and a
-differential of the fast path against the exact path over generated expressions that use them.
-
-The official conformance suite (tests/cel/test_conformance.py) covers each function case by case; these
-tests pin what a policy author relies on beyond it.
-"""
+"""CEL's standard library and extensions as the compiler implements them (`runtime/overloads.py`, `stdlib.py`,
+`extensions.py`, `syntax/macros.py`, `checker/names.py`, `checker/generics.py`, `values.py`): gradual typing,
+run-time uint, type values, optionals, namespaced functions, containers, the parse-only mode, generic plugin
+functions, and a differential of the fast path against the exact path over generated expressions that use them. The
+official conformance suite (tests/cel/test_conformance.py) covers each function case by case; these tests pin what a
+policy author relies on beyond it."""
 
 from __future__ import annotations
 

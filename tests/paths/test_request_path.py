@@ -12,7 +12,13 @@ the path hides in C). How the path is read off those calls:
   *leaf* answers and returns (it makes none: a breaker, a hash, a price, a log line).
 - The *path* is the facade, then the callee module of every cross-module call into a spine module, in order,
   repeats in a row collapsed. Modules entered: the distinct modules of the path. A return: an entry of the path
-  into a module that appears earlier in it (control bounced back into a room it had left).
+  into a module that appears earlier in it, by a new call (control bounced back into a room it had left).
+  Control coming back to a caller when its callee returns is not a return: the read path calling its stages in
+  turn is a path with no return, and so is the planner consulting the cost model for each candidate.
+- A *callback* is a call into a module that still has a frame lower on the stack (a room that had passed the
+  request on is handed it back before it is done): the ping-pong the tests require none of.
+- Only the planning thread is traced (`sys.setprofile`): the writer, prefetch and observer threads are not the
+  request's path.
 
 docs/architecture.md quotes these figures; the tests pin them, so a change that adds a room to the path or makes it
 bounce fails here.
@@ -127,7 +133,7 @@ LEAVES = {"cluster.membership", "planning.breakers", "state.identity", "state.re
           "policy.loader", "policy.policyset", "ops.decision_log", "storage.prefetch", "planning.seal"}  # fmt: skip
 
 
-def test_a_plan_of_the_tenants_own_state_enters_seven_modules_and_never_bounces(kernel):
+def test_a_plan_of_the_tenants_own_state_passes_seven_modules_without_a_return_or_a_callback(kernel):
     req = _stored(kernel, "rag")
     follow = attrs.evolve(req, request_id="r2", token_ids=(*req.token_ids, 1, 2, 3))
     kernel.plan(follow)  # warm: memoised roots, compiled rules
@@ -142,6 +148,9 @@ def test_a_plan_of_the_tenants_own_state_enters_seven_modules_and_never_bounces(
     # the policy layer is asked for the tenant's policy and shared scopes once, by the read path, never mid-pricing
     asks = [(caller, fn) for caller, callee, fn in calls if callee == "policy.loader"]
     assert asks == [("paths.read", "for_tenant"), ("paths.read", "shared_with")]
+    # mid-pricing, the planning layer only evaluates the policy it was handed: it never looks one up
+    assert {(c, m, f) for c, m, f in calls if c.startswith("planning.") and m.startswith("policy.")} == {
+        ("planning.decision", "policy.policyset", "evaluate")}
 
 
 def test_a_shared_scope_adds_one_pass_over_the_owners_namespace(kernel):
@@ -158,9 +167,12 @@ def test_a_shared_scope_adds_one_pass_over_the_owners_namespace(kernel):
     assert path == [*OWN_PATH, "state.keys", "state.index", "planning.planner", "planning.cost"]
     assert len(set(path)) == 7 and returns == 4 and callbacks == []
     assert leaves == LEAVES | {"state.holding"}  # the owner's holdings, decoded by the index
-    asks = [(caller, fn) for caller, callee, fn in calls if callee.startswith("policy.")]
-    assert asks[:2] == [("paths.read", "for_tenant"), ("paths.read", "shared_with")]
-    assert {callee for caller, callee, _ in calls if caller.startswith("planning.")} & {"policy.loader"} == set()
+    asks = [(caller, fn) for caller, callee, fn in calls if callee == "policy.loader"]
+    assert asks == [("paths.read", "for_tenant"), ("paths.read", "shared_with")]
+    assert {(c, m, f) for c, m, f in calls if c.startswith("planning.") and m.startswith("policy.")} == {
+        ("planning.decision", "policy.policyset", "evaluate"),
+        ("planning.decision", "policy.policyset", "share_granted"),
+    }
 
 
 def test_the_path_reader_counts_what_it_says():

@@ -2,7 +2,7 @@
 
 Replays decision records that carry their inputs (a kernel's `decision_file`, with `decision_inputs` naming the
 tenants) through both revisions and prints which decisions change, how often, and which rules cause it.
-`cli/main.py` adds it to its `policy` group with `add_impact_commands`.
+`cli/commands.py` adds it to its `policy` group with `add_impact_commands`.
 """
 
 from __future__ import annotations

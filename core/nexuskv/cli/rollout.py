@@ -1,7 +1,7 @@
 """`nexuskv policy publish | rollout-status | rollback`: a fleet's policy rollout from the command line.
 
 Each command talks to one policy channel: a shared directory (`--to DIR`) or etcd (`--etcd HOST:PORT`, with
-the `nexuskv-etcd` plugin). `cli/main.py` adds them to its `policy` group with `add_rollout_commands`.
+the `nexuskv-etcd` plugin). `cli/commands.py` adds them to its `policy` group with `add_rollout_commands`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each URL is a kernel's metrics endpoint (`metrics_port`: `http://127.0.0.1:PORT`
 config with a fixed `metrics_port`. The view (rich, the `status` extra) shows per node its tiers (fill, hit
 ratio), links, breakers, writer and prefetch queues, policy revision and last decisions; `--watch` refreshes it
 until Ctrl-C; `--json` prints each node's raw document as a JSON line. A node that does not answer is one line,
-`unreachable: URL: why`, and the exit status is 1. `cli/main.py` adds the command with `add_status_commands`.
+`unreachable: URL: why`, and the exit status is 1. `cli/commands.py` adds the command with `add_status_commands`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nexuskv.contracts.config import KernelConfig
 from nexuskv.errors import ConfigError
@@ -23,9 +23,7 @@ from nexuskv.plugins.interfaces import ControlPlane
 from nexuskv.policy.bundle import PolicyBundle
 from nexuskv.policy.loader import Policies
 from nexuskv.policy.serving.live import LivePolicies, ReloadResult
-
-if TYPE_CHECKING:
-    from nexuskv.policy.serving.rollout import PolicyChannel, Rollout
+from nexuskv.policy.serving.rollout import PolicyChannel, Rollout
 
 __all__ = ["PolicyOps"]
 
@@ -57,8 +55,6 @@ class PolicyOps:
         if self.config.policy_shadow:
             self.shadow(self.config.policy_shadow)
         if self.config.policy_rollout and self.live is not None:
-            from nexuskv.policy.serving.rollout import Rollout  # opt-in: only fleets that roll policies out load it
-
             channel = self._channel(self.config.policy_rollout, control)
             self.rollout = Rollout(self.live, channel, node, self.config.policy_rollout_interval_s)
             self.rollout.start()

@@ -32,7 +32,7 @@ from nexuskv.planning.seal import PlanSeal
 from nexuskv.plugins.interfaces import slot_of
 from nexuskv.policy.loader import Policies
 from nexuskv.policy.serving.live import LivePolicies
-from nexuskv.state.index import Match, Matcher
+from nexuskv.state.index import Match, Matcher, match_within
 from nexuskv.state.keys import Keys
 from nexuskv.storage.prefetch import Prefetcher
 
@@ -65,6 +65,7 @@ class ReadPath:
         # bounded matchers that take a deadline (the builtin, the native plugin) run inline; others under a watchdog
         self._inline_matcher = getattr(type(index), "inline", False) is True  # declared by the class, not proxied
         self._watchdog = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="nexuskv-watchdog")
+        self._bounded_by = None if self._inline_matcher else self._watchdog  # what bounds a match by the deadline
         self._recent_prefetch: dict[tuple[bytes, int, str], float] = {}
         self.deadline_fallbacks = 0  # plans that answered recompute because their deadline passed
         self._lock = threading.Lock()  # guards prefetch de-duplication and the fallback count
@@ -106,14 +107,7 @@ class ReadPath:
             if keys is None:
                 keys = self.keys.keys_for(request, session, deadline=end)
             stage = "match"
-            if self._inline_matcher:
-                match = self.index.match(keys, request.layout, deadline=end)  # type: ignore[call-arg]
-            else:  # a plugin matcher runs under a watchdog: a hung plugin costs the deadline, never more
-                future = self._watchdog.submit(self.index.match, keys, request.layout)
-                try:
-                    match = future.result(timeout=max(end - time.perf_counter(), 0.0))
-                except concurrent.futures.TimeoutError:
-                    raise DeadlinePassed("the matcher") from None
+            match = match_within(self.index, keys, request.layout, end, self._bounded_by)
             check(end, "match")
             stage = "plan"
             args = dict(node=request.node or self.config.node, decision_id=decision_id,
@@ -129,7 +123,7 @@ class ReadPath:
                 recorder = Recorder(self.health, self.cost.links)
                 planner, shared = recorder.planner(self.planner), {}
                 args["now"] = datetime.datetime.now(datetime.UTC)
-            lookup = functools.partial(self.keys.shared_match, self.index, request, end, self._inline_matcher, shared)
+            lookup = functools.partial(self.keys.shared_match, self.index, request, end, self._bounded_by, shared)
             decision, shared_keys = decide_with_shares(planner, request, match, policy, shares, args, lookup, end)
             if shared_keys is not None:
                 keys = shared_keys

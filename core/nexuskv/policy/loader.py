@@ -31,6 +31,7 @@ __all__ = ["Policies", "PolicyError", "PolicyProblem", "parse_policy_file", "par
 
 DEFAULT = "default"
 NO_PARENT = "none"
+_READER_CACHE = 4096  # readers whose shared scopes a revision remembers
 
 
 @define(frozen=True)
@@ -285,6 +286,8 @@ class Policies:
             for owner, ps in sorted(self.sets.items()):
                 if owner not in (reader, DEFAULT):
                     got.extend((owner, scope) for _, scope in ps.grants(reader) if (owner, scope) not in got)
+            if len(self._readers) >= _READER_CACHE:  # tenants are the callers' strings: the cache stays bounded
+                self._readers.clear()
             self._readers[reader] = got
         return list(got)
 
@@ -296,6 +299,8 @@ class Policies:
         """
         got = self._shares.get(reader)
         if got is None:
+            if len(self._shares) >= _READER_CACHE:  # bounded, like `readable_by`'s
+                self._shares.clear()
             got = self._shares[reader] = tuple((o, s, self.sets[o]) for o, s in self.readable_by(reader))
         return got
 

@@ -9,17 +9,19 @@ interface (`Matcher`), and `Match` turns its per-block answers into restore poin
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from nexuskv.contracts import Layout
-from nexuskv.errors import check_deadline
+from nexuskv.errors import DeadlinePassed, check_deadline
 from nexuskv.state.holding import Holding, HoldingCodes, Location
 from nexuskv.state.restore_points import group_masks, longest_restore_point
 
-__all__ = ["DictIndex", "Holding", "HoldingCodes", "IndexSnapshot", "Location", "Match", "Matcher"]
+__all__ = ["DictIndex", "Holding", "HoldingCodes", "IndexSnapshot", "Location", "Match", "Matcher", "match_within"]
 
 
 class Match:
@@ -344,3 +346,20 @@ class DictIndex:
 
     def __contains__(self, key: object) -> bool:
         return key in self._map
+
+
+def match_within(index: Matcher, keys: Sequence[bytes], layout: Layout, deadline: float,
+                 watchdog: concurrent.futures.Executor | None) -> Match:  # fmt: skip
+    """`index.match(keys, layout)`, never later than `deadline` (a `time.perf_counter()` value).
+
+    A matcher whose class declares `inline = True` (the builtin and native ones, the cluster index) takes the
+    deadline itself and runs on the caller's thread (`watchdog=None`); any other plugin matcher runs under the
+    `watchdog` executor, so a hung plugin costs the deadline, never more (`DeadlinePassed("the matcher")`).
+    """
+    if watchdog is None:
+        return index.match(keys, layout, deadline=deadline)  # type: ignore[call-arg]
+    future = watchdog.submit(index.match, keys, layout)
+    try:
+        return future.result(timeout=max(deadline - time.perf_counter(), 0.0))
+    except concurrent.futures.TimeoutError:
+        raise DeadlinePassed("the matcher") from None

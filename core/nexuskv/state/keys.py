@@ -7,6 +7,7 @@ schedulers call `keys_for` from many threads, and a chain must never be extended
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from nexuskv.contracts import ExtraInput, Namespace, Request
 from nexuskv.errors import ConfigError, DeadlinePassed, check_deadline
 from nexuskv.state.identity import BlockKeyer, KeyChain
-from nexuskv.state.index import Match, Matcher
+from nexuskv.state.index import Match, Matcher, match_within
 from nexuskv.state.restore_points import group_masks
 
 __all__ = ["CHUNK_BLOCKS", "Keys"]
@@ -139,20 +140,19 @@ class Keys:
             chunk = min(chunk * 2, CHUNK_BLOCKS) if deadline is not None else chunk * 2
         return keys
 
-    def shared_match(self, index: Matcher, request: Request, deadline: float, inline: bool,
-                     seen: dict[tuple[str, str], Match] | None, owner: str,
-                     scope: str) -> tuple[Match, list[bytes]]:  # fmt: skip
+    def shared_match(self, index: Matcher, request: Request, deadline: float,
+                     watchdog: concurrent.futures.Executor | None, seen: dict[tuple[str, str], Match] | None,
+                     owner: str, scope: str) -> tuple[Match, list[bytes]]:  # fmt: skip
         """What `index` holds of `request` in `owner`'s scope `scope`: the match, and the request's keys there.
 
         The decision step's shared-scope lookup (the read path binds everything but `owner` and `scope`): keys in
-        doubling chunks (`held_prefix`), then the match, both bounded by the plan's `deadline` (the match only
-        when the matcher is `inline`: others run under the read path's watchdog). `seen` records every match,
-        for a plan whose inputs are captured.
+        doubling chunks (`held_prefix`), then the match (`match_within`: inline, or under `watchdog` for a
+        matcher that is not), both bounded by the plan's `deadline`. `seen` records every match, for a plan whose
+        inputs are captured.
         """
         ns = Namespace(tenant=owner, scope=scope, cache_salt=request.cache_salt)
         keys = self.held_prefix(ns, request, index.get, deadline=deadline)
-        kw = {"deadline": deadline} if inline else {}
-        match = index.match(keys, request.layout, **kw)
+        match = match_within(index, keys, request.layout, deadline, watchdog)
         if seen is not None:
             seen[(owner, scope)] = match
         return match, keys

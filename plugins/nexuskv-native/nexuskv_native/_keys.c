@@ -1,4 +1,4 @@
-/* Chained block keys in C: bit-identical to nexuskv.identity.BlockKeyer, with the GIL released on long chains.
+/* Chained block keys in C: bit-identical to nexuskv.state.identity.BlockKeyer, with the GIL released on long chains.
  *
  * key_i = BLAKE2b-128(person="nexuskv.block", msg = key_(i-1) || uint32-LE token ids of block i || extras of i)
  */
