@@ -331,3 +331,22 @@ def test_decision_lines_route_to_the_stdlib_logger_named_nexuskv_kernel():
     assert [(r.name, r.levelname) for r in records] == [("nexuskv.kernel", "INFO")] * 2
     assert [(g["event"], g["decision_id"], g["component"]) for g in got] == [("decision", "d1", "nexuskv.kernel"),
                                                                              ("decision", "d2", "nexuskv.kernel")]
+
+
+def test_the_decision_file_is_readable_by_its_owner_only(tmp_path):
+    """It holds request ids, scopes and cache salts: created 0600 whatever the umask, and narrowed if it was wider."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        fresh, wide = tmp_path / "fresh.jsonl", tmp_path / "wide.jsonl"
+        wide.write_text("")
+        wide.chmod(0o644)
+        for path in (fresh, wide):
+            log = DecisionLog(PluginManager(entry_points=False), file=path, node="n1")
+            log.close()
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+        assert len(wide.read_text().splitlines()) == 1  # the context line, appended: nothing it held was lost
+    finally:
+        os.umask(old)

@@ -310,3 +310,46 @@ def test_the_scheduler_loop_in_the_docs_runs(tmp_path):
     assert got[0] == ("g0", "b")  # b holds the prefix
     assert [n for _, n in got[:3]].count("b") >= 2  # what it sent counts as queued: not everything piles onto b
     assert got[3][0] == "a0" and got[3][1].startswith("rejected: every node excluded by route rules")
+
+
+def test_route_stops_hashing_and_matching_when_its_deadline_passes(monkeypatch):
+    """A long request's keys are hashed in chunks with the deadline checked between them, as in `plan`."""
+    import time
+
+    from tests.paths.test_read import TickClock
+
+    cfg = KernelConfig(node="a", keyer={"name": "python"}, matcher={"name": "dict"})  # Python's clock, not C's
+    with Kernel(cfg, secret=SECRET) as k:
+        req = make_request([(i * 7919) % 30_000 for i in range(16 * 2048)])
+        chunks = []
+        keyer = type(k.keyer)
+        real = keyer._blocks
+        monkeypatch.setattr(keyer, "_blocks", lambda *a: chunks.append(1) or real(*a))
+        monkeypatch.setattr(time, "perf_counter", TickClock())
+        d = k.route(req, [NodeState("a"), NodeState("b")], deadline_ms=0.35)
+        monkeypatch.undo()
+    assert d.fail_open and "deadline 0.35 ms passed in keys" in d.reasons[0]
+    assert 1 <= len(chunks) <= 3 < 2048 // k.keyer.deadline_chunk  # not every chunk hashed
+
+
+def test_route_checks_its_deadline_between_nodes(monkeypatch):
+    import time
+
+    from tests.paths.test_read import TickClock
+
+    with make_kernel() as k:
+        req = make_request(range(64))
+        keys = k.keys(req)
+        monkeypatch.setattr(time, "perf_counter", TickClock())
+        d = k.route(req, [NodeState(f"n{i}") for i in range(500)], deadline_ms=5.0, keys=keys)
+        monkeypatch.undo()
+    assert d.fail_open and "deadline 5 ms passed in" in d.reasons[0]
+
+
+def test_route_bounds_the_candidate_count():
+    from nexuskv.paths.route import MAX_NODES
+
+    with make_kernel() as k:
+        with pytest.raises(ValueError, match=f"at most {MAX_NODES}"):
+            k.route(make_request(range(64)), [NodeState(f"n{i}") for i in range(MAX_NODES + 1)])
+        assert k.route(make_request(range(64)), [NodeState(f"n{i}") for i in range(64)]).node is not None

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import attrs
 import structlog
@@ -145,6 +146,24 @@ class Subscription:
         self.close()
 
 
+def _private_append(path: str | os.PathLike[str]) -> IO[str]:
+    """The decision file, opened to append, readable by its owner only (0600).
+
+    It holds request ids, scopes and cache salts. A file that exists with wider permissions is narrowed to 0600,
+    and the change is logged.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        mode = os.fstat(fd).st_mode & 0o777
+        if mode & 0o077:
+            os.fchmod(fd, 0o600)
+            log.warning("decision file was readable by others; now 0600", file=str(path), was=oct(mode))
+        return os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class DecisionLog:
     """Logs every plan and hands its record to plugin observers; counts decisions and dropped records."""
 
@@ -176,7 +195,7 @@ class DecisionLog:
         self.shadow: Shadow | None = None  # set by the kernel while a candidate revision is shadowed
         self._inputs_for = frozenset(inputs_for)
         self._all_inputs = "*" in self._inputs_for
-        self._file = open(file, "a", encoding="utf-8", buffering=1) if file is not None else None  # noqa: SIM115
+        self._file = _private_append(file) if file is not None else None
         if self._file is not None:
             context_line = {"record": "context", "node": node, "at": time.time(),
                             "planner": context.to_json() if context is not None else None}  # fmt: skip

@@ -75,9 +75,16 @@ class ReadPath:
         """The serving policies: read it once per operation, and use that object throughout."""
         return self.live.current if self.live is not None else None
 
-    def match(self, request: Request, keys: Sequence[bytes] | None = None) -> Match:
-        """What of the request is held, where: per-block holdings and restore points by kind, tier and node."""
-        return self.index.match(self.keys.keys(request) if keys is None else keys, request.layout)
+    def match(self, request: Request, keys: Sequence[bytes] | None = None, deadline: float | None = None) -> Match:
+        """What of the request is held, where: per-block holdings and restore points by kind, tier and node.
+
+        With a `deadline` (a `time.perf_counter()` value), keys and match are bounded by it as in `plan`
+        (`DeadlinePassed` once it passes).
+        """
+        if deadline is None:
+            return self.index.match(self.keys.keys(request) if keys is None else keys, request.layout)
+        keys = self.keys.keys(request, deadline) if keys is None else keys
+        return match_within(self.index, keys, request.layout, deadline, self._bounded_by)
 
     def plan(self, request: Request, *, keys: Sequence[bytes] | None = None, session: str | None = None,
              deadline_ms: float | None = None) -> Plan:  # fmt: skip

@@ -12,9 +12,10 @@ queue: `waiting_requests * base_ms + queued_prefill_tokens * per_token_ms + runn
 profile's prefill terms). The tenant's `route` rules then exclude nodes or weight their prediction; the lowest
 weighted prediction wins, ties to the shorter queue, then the node name: the same inputs give the same answer.
 
-Anything failing on the way (a plugin, the deadline, a rule engine error) fails open to the least-loaded node
-the tenant's route rules allow (judged on the reported queue, as if the node recomputed), with the reason. A bad
-node report is a `ValueError` naming the field when the `NodeState` is built.
+Every stage runs inside the deadline: the keys, the match, each node's plan and the loop between the nodes; at most
+`MAX_NODES` candidates are priced. Anything failing on the way (a plugin, the deadline, a rule engine error) fails
+open to the least-loaded node the tenant's route rules allow (judged on the reported queue, as if the node
+recomputed), with the reason. A bad node report is a `ValueError` naming the field when the `NodeState` is built.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from nexuskv.policy.model import RouteTarget
 __all__ = ["NodeState", "RouteDecision", "RouteOption", "Router"]
 
 log = get_logger("nexuskv.routing")  # the component name operators filter on: stable
+
+MAX_NODES = 4096
+"""Candidate nodes one `route` call prices at most (more is a `ValueError`: pre-select, as a gateway does)."""
 
 
 def _as_count(value: Any) -> Any:
@@ -182,6 +186,8 @@ class Router:
         nodes = tuple(nodes)
         if not nodes:
             raise ValueError("route needs at least one candidate node")
+        if len(nodes) > MAX_NODES:
+            raise ValueError(f"route: {len(nodes)} candidate nodes, at most {MAX_NODES} (pre-select the candidates)")
         names = [n.node for n in nodes]
         if len(set(names)) != len(names):
             raise ValueError(f"route: candidate nodes repeat: {sorted({n for n in names if names.count(n) > 1})}")
@@ -191,15 +197,18 @@ class Router:
         reads = self._reads
         stage = "keys"
         try:
-            keys = reads.keys.keys(request) if keys is None else keys
+            keys = reads.keys.keys(request, end) if keys is None else keys
             stage = "match"
-            match = reads.match(request, keys)
+            match = reads.match(request, keys, end)
             check(end, "match")
             stage = "policy"
             policies = reads.policies  # one revision for every node's plan
             policy = policies.for_tenant(request.tenant) if policies is not None else None
             stage = "pricing"
-            options = [self._price(request, match, policy, ns, end) for ns in nodes]
+            options = []
+            for ns in nodes:  # each node's plan is bounded inside, and the loop between them
+                check(end, "pricing")
+                options.append(self._price(request, match, policy, ns, end))
         except DeadlinePassed as exc:
             return self._fail_open(request, nodes, f"deadline {budget:g} ms passed in {exc.stage}")
         except Exception as exc:
