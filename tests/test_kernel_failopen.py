@@ -4,6 +4,7 @@ restore wrong state, and never stop the kernel from serving."""
 import threading
 import time
 
+import attrs
 import pytest
 
 from nexuskv import Kernel, KernelConfig, PlanAction, PluginManager, hookimpl
@@ -124,6 +125,16 @@ def test_corrupt_bytes_are_never_restored_and_are_quarantined():
         k.close()
 
 
+def _tamper(kernel, key, payload=b"planted"):
+    """What a writer of the tier's store could do: replace a block's bytes behind the kernel's back."""
+    from nexuskv import slot_of
+
+    store = kernel.tiers["dram"]
+    got = store.get(slot_of(key))
+    store.delete(slot_of(key))
+    assert store.put(slot_of(key), payload, got.descriptor)
+
+
 def test_connector_reported_corruption_quarantines_and_says_where_to_recompute_from(kernel):
     req = make_request(range(320))
     keys = kernel.keys(req)
@@ -131,13 +142,51 @@ def test_connector_reported_corruption_quarantines_and_says_where_to_recompute_f
     assert kernel.flush(5)
     plan = kernel.plan(req, keys=keys)
     assert plan.tokens_reused == 320
+    _tamper(kernel, keys[7])
     frm = kernel.report_load_result(plan, LoadReport(ok=False, failed_block=7, tier="dram", corrupt=True,
                                                      reason="checksum mismatch in engine"), keys=keys)
     assert frm == 7 * 16
-    assert kernel.index.get(keys[7]) is None
+    assert kernel.index.get(keys[7]) is None  # re-read, it fails the kernel's check: quarantined
     assert kernel.health.breaker("dram").state == "open"
     assert kernel.report_load_result(plan, LoadReport(ok=True)) == 320
     assert kernel.health.breaker("dram").state == "closed"
+
+
+def test_a_block_reported_corrupt_that_verifies_is_kept(kernel):
+    """Only the kernel's own checks quarantine: a report alone cannot delete good state (issue 29, finding 6)."""
+    req = make_request(range(320))
+    keys = kernel.keys(req)
+    kernel.commit(req, [bytes([i]) * 4096 for i in range(len(keys))], keys=keys)
+    assert kernel.flush(5)
+    plan = kernel.plan(req, keys=keys)
+    frm = kernel.report_load_result(plan, LoadReport(ok=False, failed_block=7, tier="dram", corrupt=True,
+                                                     reason="the engine says so"), keys=keys, request=req)
+    assert frm == 7 * 16 and kernel.health.breaker("dram").state == "open"  # the path is still suspect
+    assert kernel.index.get(keys[7]) is not None and kernel.load(keys[7]) is not None  # the block is kept
+    kernel.health.breaker("dram").success()
+    other = attrs.evolve(req, tenant="chat")  # another tenant's request: the plan is not its to report on
+    refused = kernel.report_load_result(plan, LoadReport(ok=False, failed_block=7, tier="dram", corrupt=True),
+                                        request=other)  # fmt: skip
+    assert refused == 0 and kernel.health.breaker("dram").state == "closed"  # refused: nothing changed
+
+
+def test_a_report_cannot_name_blocks_outside_its_plan(kernel):
+    owner = make_request(range(256), tenant="rag")
+    owner_keys = kernel.keys(owner)
+    kernel.commit(owner, [bytes([i]) * 1024 for i in range(len(owner_keys))], keys=owner_keys)
+    reader = make_request(range(1000, 1256), tenant="chat")
+    reader_keys = kernel.keys(reader)
+    kernel.commit(reader, [bytes([i]) * 1024 for i in range(len(reader_keys))], keys=reader_keys)
+    assert kernel.flush(5)
+    plan = kernel.plan(reader, keys=reader_keys)
+    assert plan.tokens_reused == 256
+    _tamper(kernel, owner_keys[8])  # even a block that is really bad is not the reader's to report
+    kernel.report_load_result(plan, LoadReport(ok=False, failed_block=40, tier="dram", corrupt=True),
+                              keys=owner_keys * 4)  # fmt: skip
+    assert kernel.index.get(owner_keys[8]) is not None  # block 40 (the owner's 8th) is past the plan's 16 blocks
+    kernel.report_load_result(plan, LoadReport(ok=False, failed_block=8, tier="dram", corrupt=True),
+                              keys=owner_keys, request=reader)  # with the request, the plan's own keys count
+    assert kernel.index.get(owner_keys[8]) is not None and kernel.load(reader_keys[8]) is not None
 
 
 class DownControlPlane:

@@ -187,9 +187,13 @@ class Kernel(KernelParts):
         return await asyncio.to_thread(self.loads.materialize, plan, request, **kwargs)
 
     def report_load_result(self, plan: Plan, report: LoadReport, *, keys: Sequence[bytes] | None = None,
-                           group: int = 0) -> int:  # fmt: skip
-        """A connector tells how restoring a plan went; returns the token to recompute from."""
-        return self.loads.report_load_result(plan, report, keys=keys, group=group)
+                           group: int = 0, request: Request | None = None) -> int:  # fmt: skip
+        """A connector tells how restoring a plan went; returns the token to recompute from.
+
+        Checked, not trusted (`LoadPath.report_load_result`): pass `request` to have it authorised as `materialize`
+        is; a block reported corrupt is quarantined only when the kernel's own checks on it fail.
+        """
+        return self.loads.report_load_result(plan, report, keys=keys, group=group, request=request)
 
     def load(self, key: bytes, group: int = 0, tier: str | None = None, transport: str = "local") -> StoredState | None:
         """Read a block's payload, checksum verified; a corrupt payload is quarantined and reported as a miss."""

@@ -209,12 +209,25 @@ class LoadPath:
         return Materialized(plan, first_bad, first_bad * page, keep, reason)
 
     def report_load_result(self, plan: Plan, report: LoadReport, *, keys: Sequence[bytes] | None = None,
-                           group: int = 0) -> int:  # fmt: skip
+                           group: int = 0, request: Request | None = None) -> int:  # fmt: skip
         """A connector tells how restoring a plan went; returns the token to recompute from.
 
         Success closes the breakers of the tiers read; a failure counts against the tier's breaker (a timeout or
-        corrupt data opens it at once) and corrupt data is quarantined so no later plan uses it.
+        corrupt data opens it at once). A report is checked, not trusted: the plan's MAC must be this
+        deployment's, and with `request` the report is authorised exactly as `materialize` authorises a load
+        (the request's tenant, its tokens, the owner's share grant now) and the plan's keys are the request's own
+        (the owner's, for shared state), whatever `keys` says. A report that fails a check changes nothing and
+        answers 0. A block reported corrupt is read again and quarantined only when the kernel's own checks reject
+        it: its checksum, its being the block's, and (with `request`) its descriptor naming the request's
+        namespace, model, tokenizer and layout. Only the plan's own blocks can be named.
         """
+        refused = self._report_refusal(plan, request)
+        if refused:
+            log.warning("load report refused: nothing changed", request_id=plan.request_id, tenant=plan.tenant,
+                        reason=refused)  # fmt: skip
+            return 0
+        if request is not None:
+            keys = self.keys.under(plan.namespace, request) if plan.namespace is not None else self.keys.keys(request)
         sources = {self._source(s) for s in plan.spans}  # a peer's span is judged by the link to that peer
         self._count_report(plan, report)
         if report.ok:
@@ -230,15 +243,38 @@ class LoadPath:
         if source:
             self.health.breaker(source).failure(report.reason or "load failed",
                                                 severe=report.corrupt or report.timeout)  # fmt: skip
-        if report.corrupt and keys is not None and block < len(keys) and tier:
+        ours = keys is not None and block < min(len(keys), plan.tokens_reused // page)  # a block the plan reads
+        if report.corrupt and ours and tier:
+            assert keys is not None
             if peer is not None:  # nothing to delete here: the peer's entry leaves this node's index
                 self.hierarchy.forget_peer(keys[block], group, tier, peer.node)
             else:
-                why = report.reason or "reported corrupt by connector"
-                self.hierarchy.quarantine(keys[block], group, tier, reason=why)
+                self._reverify(plan, keys[block], group, tier, request, report.reason or "reported corrupt")
         log.warning("load failed; recompute from the last good block", request_id=plan.request_id,
                     tenant=plan.tenant, tier=tier, block=block, reason=report.reason)  # fmt: skip
         return min(plan.tokens_reused, block * self.keys.page_size)
+
+    def _report_refusal(self, plan: Plan, request: Request | None) -> str:
+        """Why a load report must change nothing ("" when it may): `_refusal` with a request, else the MAC."""
+        if request is not None:
+            return self._refusal(plan, request)
+        if not self.seal.check(plan):
+            return "the plan's MAC does not check (changed on the way, or made by another deployment)"
+        return ""
+
+    def _reverify(self, plan: Plan, key: bytes, group: int, tier: str, request: Request | None, why: str) -> None:
+        """Read a block a connector reported corrupt again; quarantine it only when the kernel's checks reject it."""
+        got = self.hierarchy.load(key, group, tier=tier)  # checksum and key checked: a mismatch is quarantined
+        if got is None:
+            return  # quarantined by the read, or gone
+        d = got.descriptor
+        ns = plan.namespace if plan.namespace is not None else (request.namespace if request is not None else None)
+        if request is not None and (d.namespace != ns or (d.model, d.tokenizer, d.layout) != (
+                request.model, request.tokenizer, request.layout)):  # fmt: skip
+            self.hierarchy.quarantine(key, group, tier, reason=f"{why}; its descriptor is another request's state")
+            return
+        log.warning("a block reported corrupt verifies: kept", request_id=plan.request_id, tier=tier,
+                    key=key.hex(), group=group, reason=why)  # fmt: skip
 
     def _count_report(self, plan: Plan, report: LoadReport) -> None:
         self.counts.add("reports_ok" if report.ok else "reports_failed")

@@ -171,7 +171,9 @@ class _Api:
         """POST /v1/report: `{"plan": Plan, "report": LoadReport, "request"?: Request}`; where to recompute from.
 
         The plan must be one this deployment sealed (a report moves breakers every tenant shares), the report's
-        tier one the plan reads from. With the request, a corrupt block is quarantined (its keys are known).
+        tier one the plan reads from. With the request, the kernel authorises the report as it would the load
+        (tenant, tokens, the owner's share grant now) and re-reads a block reported corrupt: it is quarantined only
+        when the kernel's own checks reject it.
         """
         data = self.object_body(http, {"plan", "report", "request"})
         plan: Plan = _codec.contract(Plan, _codec.field(data, "plan"), "plan")
@@ -181,18 +183,16 @@ class _Api:
         report = _codec.load_report(_codec.field(data, "report"), plan)
         if plan.decision_id in self._reported:  # breakers are shared: one plan moves them once, however resent
             raise ApiError(409, f"plan {plan.decision_id} was reported already")
-        keys = None
+        req = None
         if "request" in data:
             req = self.tenant_request(http, data)
             if req.request_id != plan.request_id:
                 raise ApiError(400, "request: not the request the plan answers (request_id differs)")
-            # the keys the plan loaded: the owner's namespace when it read another tenant's shared state
-            keys = await self.run(self.kernel.keyring.under, plan.namespace, req) if plan.namespace is not None \
-                else await self.run(self.kernel.keys, req)  # fmt: skip
         self._reported[plan.decision_id] = None
         while len(self._reported) > 100_000:
             self._reported.popitem(last=False)
-        start = await self.run(self.kernel.report_load_result, plan, report, keys=keys)
+        # with its request, the kernel authorises the report as it would the load, and derives the plan's keys
+        start = await self.run(self.kernel.report_load_result, plan, report, request=req)
         return {"recompute_from": start}
 
     async def status(self, http: HttpRequest) -> Any:

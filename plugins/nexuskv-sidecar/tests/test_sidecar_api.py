@@ -212,13 +212,53 @@ def test_a_report_needs_a_sealed_plan_and_a_tier_it_reads(sidecar, kernel):
 
 
 def test_a_corrupt_report_with_its_request_quarantines_the_block(sidecar, kernel):
+    from nexuskv import slot_of
+
     req = make_request(range(128))
     keys = commit_all(kernel, req)
     status, plan = call(sidecar.port, "POST", "/v1/plan", to_dict(req))
+    store = kernel.tiers["dram"]  # the block really is bad: its bytes were replaced behind the kernel's back
+    good = store.get(slot_of(keys[3]))
+    store.delete(slot_of(keys[3]))
+    assert store.put(slot_of(keys[3]), b"planted", good.descriptor)
     report = {"ok": False, "failed_block": 3, "tier": "dram", "corrupt": True, "reason": "bad bytes"}
     status, answer = call(sidecar.port, "POST", "/v1/report", {"plan": plan, "report": report, "request": to_dict(req)})
     assert status == 200 and answer == {"recompute_from": 48}
     assert kernel.load(keys[3]) is None and kernel.load(keys[2]) is not None  # dropped: never planned again
+
+
+def test_a_reader_refused_by_materialize_cannot_quarantine_the_owners_shared_state(tmp_path):
+    """Issue 29, finding 6: the report is authorised as the load would be, and a report alone deletes nothing."""
+    import shutil
+
+    from _sidecar_helpers import ROOT, SECRET
+
+    from nexuskv import Kernel, KernelConfig
+    from nexuskv_sidecar import Sidecar, SidecarConfig, digest
+
+    policies = tmp_path / "policies"
+    shutil.copytree(ROOT / "policies", policies)
+    rag = policies / "tenants" / "rag.toml"
+    old_when = "when = 'request.model.name == \"tiny-llama\"'"
+    rag.write_text(rag.read_text().replace(old_when, "when = 'request.priority >= 1'"))
+    cfg = KernelConfig(node="n1", policies=str(policies), deadline_ms=1000.0,
+                       tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"}})  # fmt: skip
+    with Kernel(cfg, secret=SECRET) as kernel, Sidecar(SidecarConfig(
+            port=0, tokens={digest(t): tenant for tenant, t in TOKENS.items()}), kernel=kernel) as sc:  # fmt: skip
+        docs = make_request(range(128), tenant="rag", scope="docs")
+        owner_keys = commit_all(kernel, docs)
+        granted = make_request(range(128 + 5), priority=1)  # chat, at the priority the owner's rule grants
+        status, plan = call(sc.port, "POST", "/v1/plan", to_dict(granted))
+        assert status == 200 and plan["namespace"]["tenant"] == "rag" and plan["tokens_reused"] == 128
+        refused = make_request(range(128 + 5), priority=0)  # the same tokens and keys: not granted now
+        status, got = call(sc.port, "POST", "/v1/materialize", {"plan": plan, "request": to_dict(refused)})
+        assert status == 200 and got["tokens"] == 0 and got["reason"].startswith("refused")
+        report = {"ok": False, "failed_block": 3, "tier": "dram", "corrupt": True, "reason": "bad bytes"}
+        status, answer = call(sc.port, "POST", "/v1/report", {"plan": plan, "report": report,
+                                                              "request": to_dict(refused)})  # fmt: skip
+        assert status == 200 and answer == {"recompute_from": 0}  # refused: nothing changed
+        assert kernel.load(owner_keys[3]) is not None
+        assert kernel.plan(make_request(range(128 + 5), tenant="rag", scope="docs")).tokens_reused == 128
 
 
 def test_commit_refuses_blocks_and_groups_the_request_does_not_have(sidecar):

@@ -168,7 +168,8 @@ class TransformersConnector:
             cache = self.codec.restore(states, blocks)
         except StateMismatch as exc:
             self.kernel.report_load_result(plan, LoadReport(ok=False, failed_block=0, tier=plan.spans[0].tier,
-                                                            reason=str(exc), corrupt=True), keys=keys)  # fmt: skip
+                                                            reason=str(exc), corrupt=True),
+                                           request=request)  # the kernel re-checks the block against the request
             log.warning("restored state refused; recompute", request_id=request.request_id, reason=str(exc))
             return None, 0, tier, f"refused: {exc}; recompute"
         why = "" if got.complete else f"partial: {got.reason}"

@@ -90,7 +90,7 @@ class WorkerSide:
                             reason=why)  # fmt: skip
                 tier = state.descriptor.placement.tier
                 self.kernel.report_load_result(spec.plan, LoadReport(ok=False, failed_block=b, tier=tier, reason=why,
-                                                                     corrupt=True), keys=spec.keys)  # fmt: skip
+                                                                     corrupt=True), request=spec.request)  # fmt: skip
                 break
             with warnings.catch_warnings():  # read-only buffer: we only copy out of it
                 warnings.simplefilter("ignore", UserWarning)
