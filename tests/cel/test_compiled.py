@@ -534,6 +534,17 @@ def test_regex():
     ev_error("s.matches(ls[0] + '(')", "invalid regular expression", ls=["x"])
 
 
+def test_matches_is_re2_linear_time_and_re2_semantics():
+    """Issue 29, finding 4: a backtracking pattern cannot stall a plan, and the dialect is RE2's, as the spec's."""
+    evil = compile_expr("s.matches('^(a+)+$')", ENV)
+    assert evil({"s": "a" * 40 + "!"}) is False  # Python's re needs about 2**40 steps for this
+    at_run_time = compile_expr("s.matches(ls[0])", ENV)
+    assert at_run_time({"s": "a" * 40 + "!", "ls": ["^(a+)+$"]}) is False
+    assert compile_expr("s.matches('^\\\\d$')", ENV)({"s": "\u0663"}) is False  # \d is ASCII (RE2), not Unicode
+    assert compile_expr("s.matches('^\\\\pL+$')", ENV)({"s": "\u00e9t\u00e9"}) is True  # Unicode classes work
+    assert compile_expr("s.matches('^[[:alpha:]]+$')", ENV)({"s": "abc"}) is True  # POSIX classes work
+
+
 def test_function_type_errors():
     type_error("size(x)", r"size\(\) is not defined for int")
     type_error("startsWith(s, 'a')", "is a method")

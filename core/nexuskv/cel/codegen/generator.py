@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import keyword
 import math
-import re
 from typing import Any
 
 from nexuskv.cel.checker.check import CONVERSIONS, EQ_NATIVE, HASHABLE_IN, STRING_METHODS, native_conversion
@@ -343,10 +342,9 @@ class Gen:
                 if arg.op == "lit":
                     try:
                         rx = conversions.compile_regex(arg.value)
-                    except (re.error, ValueError) as exc:
-                        raise CelTypeError(
-                            f"invalid regular expression {arg.value!r} in matches(): {exc}", arg.line, arg.col
-                        ) from None
+                    except conversions.RegexError as exc:
+                        raise CelTypeError(f"invalid regular expression {arg.value!r} in matches(): "
+                                           f"{conversions.regex_problem(exc)}", arg.line, arg.col) from None
                     return f"({self.const(rx)}.search({s}) is not None)"
                 return f"_matches({s}, {self.strval(arg, scope)}{self.pos(n)})"
             p = self.strval(arg, scope)

@@ -7,11 +7,12 @@ raising `CelEvalError` where the spec says a conversion fails.
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import math
 import re
 from decimal import Decimal
 from typing import Any
+
+import re2
 
 from nexuskv.cel.runtime.core import (
     EPOCH,
@@ -302,39 +303,33 @@ def bytes_of(v: str | int, pos: int = -1) -> int:
 # --------------------------------------------------------------------------------------------- regex
 
 
-_LOOKAROUND = re.compile(r"\(\?(?:=|!|<=|<!|P=)|\\[1-9]")
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a bad pattern is a located policy error, not a line on stderr
+_RE2_OPTIONS.never_capture = True  # matches() asks only whether there is a match
+RegexError = re2.error
+"""What `compile_regex` raises for a pattern RE2 refuses (backreferences, lookaround, bad syntax)."""
 
 
-@functools.lru_cache(maxsize=256)
-def compile_regex(pattern: str) -> re.Pattern[str]:
-    """Compile an RE2-style pattern with Python `re` (no backreferences or lookaround; `$` = end of text)."""
-    if _LOOKAROUND.search(pattern):
-        raise ValueError("backreferences and lookaround are not supported (RE2 syntax)")
-    out: list[str] = []
-    i, in_class = 0, False
-    multiline = re.search(r"\(\?[a-zA-Z]*m", pattern) is not None
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            nxt = pattern[i + 1]
-            out.append("\\Z" if nxt == "z" and not in_class else c + nxt)
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]" or out[-1] == "["
-        elif c == "[":
-            in_class = True
-        elif c == "$" and not multiline:
-            c = "\\Z"
-        out.append(c)
-        i += 1
-    return re.compile("".join(out))
+def compile_regex(pattern: str) -> Any:
+    r"""Compile a pattern with RE2 (google-re2): CEL's regex dialect, matched in time linear in the text.
+
+    RE2 has no backreferences or lookaround (a `RegexError`); `$` is the end of the text unless `(?m)`; `\d`, `\w`
+    and `\s` are ASCII, `\pL` and POSIX classes (`[[:alpha:]]`) work, as in cel-go and cel-cpp.
+    """
+    return re2.compile(pattern, _RE2_OPTIONS)
 
 
 def matches(s: str, pattern: str, pos: int = -1) -> bool:
     """`s.matches(pattern)` with a pattern known only at run time (partial match, like RE2's)."""
     try:
         rx = compile_regex(pattern)
-    except (re.error, ValueError) as exc:
-        err(f"invalid regular expression {pattern!r}: {exc}", pos)
+    except RegexError as exc:
+        err(f"invalid regular expression {pattern!r}: {regex_problem(exc)}", pos)
     return rx.search(s) is not None
+
+
+def regex_problem(exc: BaseException) -> str:
+    """RE2's message for a refused pattern, as text."""
+    msg = exc.args[0] if exc.args else exc
+    text = msg.decode(errors="replace") if isinstance(msg, bytes) else str(msg)
+    return f"{text} (RE2 syntax: no backreferences or lookaround)"
