@@ -139,15 +139,17 @@ class LoadPath:
                 self.health.breaker(f"transport:{span.transport}").success()
         return Materialized(plan, last, last * page, states)
 
-    def _refusal(self, plan: Plan, request: Request) -> str:
-        """Why this plan must not be loaded for this request ("" when it may).
+    def _refusal(self, plan: Plan, request: Request | None) -> str:
+        """Why this plan must not be loaded (or reported on) for this request ("" when it may).
 
         A plan is checked, not trusted: its MAC must be this deployment's, it must be for the request's
         tenant and fit its tokens, and state of another namespace needs that owner's share grant for this
-        very request, now.
+        very request, now. Without a request (a connector's report that names none), only the MAC is checked.
         """
         if not self.seal.check(plan):
             return "the plan's MAC does not check (changed on the way, or made by another deployment)"
+        if request is None:
+            return ""
         if plan.tenant != request.tenant:
             return f"the plan is for tenant {plan.tenant!r}, the request is tenant {request.tenant!r}'s"
         if plan.tokens_reused > len(request.token_ids):
@@ -221,7 +223,7 @@ class LoadPath:
         it: its checksum, its being the block's, and (with `request`) its descriptor naming the request's
         namespace, model, tokenizer and layout. Only the plan's own blocks can be named.
         """
-        refused = self._report_refusal(plan, request)
+        refused = self._refusal(plan, request)
         if refused:
             log.warning("load report refused: nothing changed", request_id=plan.request_id, tenant=plan.tenant,
                         reason=refused)  # fmt: skip
@@ -244,8 +246,7 @@ class LoadPath:
             self.health.breaker(source).failure(report.reason or "load failed",
                                                 severe=report.corrupt or report.timeout)  # fmt: skip
         ours = keys is not None and block < min(len(keys), plan.tokens_reused // page)  # a block the plan reads
-        if report.corrupt and ours and tier:
-            assert keys is not None
+        if report.corrupt and ours and tier and keys is not None:
             if peer is not None:  # nothing to delete here: the peer's entry leaves this node's index
                 self.hierarchy.forget_peer(keys[block], group, tier, peer.node)
             else:
@@ -254,25 +255,17 @@ class LoadPath:
                     tenant=plan.tenant, tier=tier, block=block, reason=report.reason)  # fmt: skip
         return min(plan.tokens_reused, block * self.keys.page_size)
 
-    def _report_refusal(self, plan: Plan, request: Request | None) -> str:
-        """Why a load report must change nothing ("" when it may): `_refusal` with a request, else the MAC."""
-        if request is not None:
-            return self._refusal(plan, request)
-        if not self.seal.check(plan):
-            return "the plan's MAC does not check (changed on the way, or made by another deployment)"
-        return ""
-
     def _reverify(self, plan: Plan, key: bytes, group: int, tier: str, request: Request | None, why: str) -> None:
         """Read a block a connector reported corrupt again; quarantine it only when the kernel's checks reject it."""
         got = self.hierarchy.load(key, group, tier=tier)  # checksum and key checked: a mismatch is quarantined
         if got is None:
             return  # quarantined by the read, or gone
-        d = got.descriptor
-        ns = plan.namespace if plan.namespace is not None else (request.namespace if request is not None else None)
-        if request is not None and (d.namespace != ns or (d.model, d.tokenizer, d.layout) != (
-                request.model, request.tokenizer, request.layout)):  # fmt: skip
-            self.hierarchy.quarantine(key, group, tier, reason=f"{why}; its descriptor is another request's state")
-            return
+        if request is not None:
+            d = got.descriptor
+            ns = plan.namespace if plan.namespace is not None else request.namespace
+            if (d.namespace, d.model, d.tokenizer, d.layout) != (ns, request.model, request.tokenizer, request.layout):
+                self.hierarchy.quarantine(key, group, tier, reason=f"{why}; its descriptor is another request's state")
+                return
         log.warning("a block reported corrupt verifies: kept", request_id=plan.request_id, tier=tier,
                     key=key.hex(), group=group, reason=why)  # fmt: skip
 

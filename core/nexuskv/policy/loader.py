@@ -179,7 +179,6 @@ class Policies:
     root: Path
     sets: dict[str, PolicySet] = field(factory=dict)
     revision: str = ""
-    _readers: dict[str, list[tuple[str, str]]] = field(factory=dict, init=False, repr=False, eq=False)
     _shares: dict[str, tuple[tuple[str, str, PolicySet], ...]] = field(factory=dict, init=False, repr=False, eq=False)
 
     @classmethod
@@ -280,30 +279,25 @@ class Policies:
 
         Static: the owner's `share` rule is still evaluated per request (its `when`, its effect).
         """
-        got = self._readers.get(reader)
-        if got is None:
-            got = []
-            for owner, ps in sorted(self.sets.items()):
-                if owner not in (reader, DEFAULT):
-                    got.extend((owner, scope) for _, scope in ps.grants(reader) if (owner, scope) not in got)
-            if len(self._readers) >= _READER_CACHE:  # tenants are the callers' strings: the cache stays bounded
-                self._readers.clear()
-            self._readers[reader] = got
-        return list(got)
-
+        return [(owner, scope) for owner, scope, _ in self.shared_with(reader)]
 
     def shared_with(self, reader: str) -> tuple[tuple[str, str, PolicySet], ...]:
         """`(owner, scope, owner's policy)` of every scope `readable_by(reader)`: what a plan of `reader` hands on.
 
-        Resolved once per revision and reader; the owner's `share` rules are still evaluated per request.
+        Resolved once per revision and reader (at most `_READER_CACHE` readers are remembered: tenant names are the
+        callers' strings); the owner's `share` rules are still evaluated per request.
         """
         got = self._shares.get(reader)
         if got is None:
-            if len(self._shares) >= _READER_CACHE:  # bounded, like `readable_by`'s
+            found: dict[tuple[str, str], PolicySet] = {}
+            for owner, ps in sorted(self.sets.items()):
+                if owner not in (reader, DEFAULT):
+                    for _, scope in ps.grants(reader):
+                        found.setdefault((owner, scope), ps)
+            if len(self._shares) >= _READER_CACHE:
                 self._shares.clear()
-            got = self._shares[reader] = tuple((o, s, self.sets[o]) for o, s in self.readable_by(reader))
+            got = self._shares[reader] = tuple((o, s, ps) for (o, s), ps in found.items())
         return got
-
 
 def _chain(name: str, loaded: Mapping[str, _Loaded]) -> tuple[list[str], PolicyProblem | None]:
     """[name, parent, grandparent, ...]; a cycle or a missing parent is a problem of the file that names it."""

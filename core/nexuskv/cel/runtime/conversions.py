@@ -7,6 +7,7 @@ raising `CelEvalError` where the spec says a conversion fails.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import math
 import re
 from decimal import Decimal
@@ -310,6 +311,7 @@ RegexError = re2.error
 """What `compile_regex` raises for a pattern RE2 refuses (backreferences, lookaround, bad syntax)."""
 
 
+@functools.lru_cache(maxsize=256)
 def compile_regex(pattern: str) -> Any:
     r"""Compile a pattern with RE2 (google-re2): CEL's regex dialect, matched in time linear in the text.
 
