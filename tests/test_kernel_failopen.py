@@ -189,6 +189,26 @@ def test_a_report_cannot_name_blocks_outside_its_plan(kernel):
     assert kernel.index.get(owner_keys[8]) is not None and kernel.load(reader_keys[8]) is not None
 
 
+def test_a_latent_block_reported_by_another_tensor_parallel_rank_is_kept(kernel):
+    """MLA latent state is stored once for every TP rank: rank 1's report must not read rank 0's as foreign."""
+    from tests.conftest import layout_of
+
+    rank0 = make_request(range(256), layout=attrs.evolve(layout_of("latent"), tp_rank=0, tp_size=2))
+    keys = kernel.keys(rank0)
+    kernel.commit(rank0, [bytes([i]) * 1024 for i in range(len(keys))], keys=keys)
+    assert kernel.flush(5)
+    rank1 = attrs.evolve(rank0, layout=attrs.evolve(rank0.layout, tp_rank=1))
+    assert kernel.keys(rank1) == keys
+    plan = kernel.plan(rank1, keys=keys)
+    assert plan.tokens_reused == 256
+    kernel.report_load_result(plan, LoadReport(ok=False, failed_block=5, tier="dram", corrupt=True), request=rank1)
+    assert kernel.index.get(keys[5]) is not None and kernel.load(keys[5]) is not None  # it verifies: kept
+    _tamper(kernel, keys[6])
+    kernel.health.breaker("dram").success()
+    kernel.report_load_result(plan, LoadReport(ok=False, failed_block=6, tier="dram", corrupt=True), request=rank1)
+    assert kernel.index.get(keys[6]) is None  # a block that really is bad still goes
+
+
 class DownControlPlane:
     def __init__(self, fail_from: int = 0):
         self.calls = 0

@@ -179,7 +179,7 @@ class InProcessPeers:
         pass
 
 
-def two_nodes(monkeypatch):
+def two_nodes(monkeypatch, req=None, policies=None):
     """Node n2 holds a request's state; node n1 knows it (its index) and reaches n2 through `InProcessPeers`."""
     mover = InProcessPeers()
 
@@ -191,12 +191,12 @@ def two_nodes(monkeypatch):
     pm = PluginManager({}, entry_points=False)
     pm.register(Plugin(), "peers")
     tiers = {"dram": {"store": "dram", "capacity_bytes": "64MiB"}}
-    a = Kernel(KernelConfig(node="n1", deadline_ms=60_000.0, tiers=tiers, transports=("local", "tcp")),
-               plugins=pm, secret=SECRET)  # fmt: skip
-    b = Kernel(KernelConfig(node="n2", tiers=tiers), secret=SECRET)
+    a = Kernel(KernelConfig(node="n1", deadline_ms=60_000.0, tiers=tiers, transports=("local", "tcp"),
+                            policies=policies), plugins=pm, secret=SECRET)  # fmt: skip
+    b = Kernel(KernelConfig(node="n2", tiers=tiers, policies=policies), secret=SECRET)
     mover.peers["n2"] = b
     monkeypatch.setattr(a.membership, "peer_status", lambda node: {"addresses": {"tcp": node}})
-    req = make_request(range(16 * 8))
+    req = req or make_request(range(16 * 8))
     keys = b.keys(req)
     payloads = [random.Random(i).randbytes(512) for i in range(len(keys))]
     b.commit(req, payloads, keys=keys)
@@ -254,3 +254,29 @@ def test_a_connector_reporting_a_peers_block_corrupt_blames_the_peer_link_not_a_
         held = a.index.get(keys[3])
         assert held is None or not held.mask_at("dram", "n2")  # n2's entry left this node's index
         assert b.tiers["dram"].get(slot_of(keys[3])) is not None  # and nothing was deleted on n2
+
+
+def test_a_reader_of_shared_state_cannot_make_this_node_forget_the_owners_state(monkeypatch):
+    docs = make_request(range(5000, 5000 + 16 * 8), tenant="rag", scope="docs", model=MODEL)
+    a, b, _, _, keys, _ = two_nodes(monkeypatch, req=docs, policies=POLICIES)
+    with a, b:
+        question = make_request([*docs.token_ids, 1, 2, 3], tenant="chat", model=MODEL)
+        plan = a.plan(question)
+        assert plan.namespace == Namespace("rag", "docs") and plan.spans[0].node == "n2"
+        a.report_load_result(plan, LoadReport(ok=False, failed_block=3, reason="bad tensor", corrupt=True),
+                             request=question)  # fmt: skip
+        assert a.index.get(keys[3]).mask_at("dram", "n2")  # the owner's entry stays: a reader's word is not enough
+        assert a.health.breaker("peer:n2").failures >= 1  # the link is still suspect
+
+
+def test_a_reader_of_shared_state_quarantines_only_what_the_kernels_checks_reject():
+    with policy_kernel() as k:
+        docs = make_request(range(5000, 5000 + 16 * 8), tenant="rag", scope="docs", model=MODEL)
+        keys = stored(k, docs)
+        question = make_request([*docs.token_ids, 1, 2, 3], tenant="chat", model=MODEL)
+        plan = k.plan(question)
+        assert plan.namespace == Namespace("rag", "docs") and plan.tokens_reused == 128
+        k.report_load_result(plan, LoadReport(ok=False, failed_block=2, tier="dram", corrupt=True), request=question)
+        assert k.index.get(keys[2]) is not None and k.load(keys[2]) is not None  # the owner's block is kept
+        k.health.breaker("dram").success()  # the report left the tier's breaker open; the state itself is whole
+        assert k.plan(question).tokens_reused == 128

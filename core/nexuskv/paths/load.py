@@ -26,6 +26,7 @@ from nexuskv.planning.seal import PlanSeal
 from nexuskv.plugins.interfaces import StoredState
 from nexuskv.policy.serving.live import LivePolicies
 from nexuskv.policy.sharing import authorise
+from nexuskv.state.identity import keyed_layout
 from nexuskv.state.keys import Keys
 from nexuskv.state.restore_points import group_masks
 from nexuskv.storage.hierarchy import Hierarchy
@@ -220,8 +221,9 @@ class LoadPath:
         (the request's tenant, its tokens, the owner's share grant now) and the plan's keys are the request's own
         (the owner's, for shared state), whatever `keys` says. A report that fails a check changes nothing and
         answers 0. A block reported corrupt is read again and quarantined only when the kernel's own checks reject
-        it: its checksum, its being the block's, and (with `request`) its descriptor naming the request's
-        namespace, model, tokenizer and layout. Only the plan's own blocks can be named.
+        it: its checksum, its being the block's, and (with `request`, for the reporter's own state) its descriptor
+        naming the request's namespace, model, tokenizer and layout. Only the plan's own blocks can be named; another
+        tenant's shared state is never quarantined or forgotten on a reader's word, only on the kernel's checks.
         """
         refused = self._refusal(plan, request)
         if refused:
@@ -247,10 +249,11 @@ class LoadPath:
                                                 severe=report.corrupt or report.timeout)  # fmt: skip
         ours = keys is not None and block < min(len(keys), plan.tokens_reused // page)  # a block the plan reads
         if report.corrupt and ours and tier and keys is not None:
-            if peer is not None:  # nothing to delete here: the peer's entry leaves this node's index
-                self.hierarchy.forget_peer(keys[block], group, tier, peer.node)
-            else:
+            if peer is None:
                 self._reverify(plan, keys[block], group, tier, request, report.reason or "reported corrupt")
+            elif plan.namespace is None:  # the reporter's own state on a peer: its entry leaves this node's index
+                self.hierarchy.forget_peer(keys[block], group, tier, peer.node)
+            # another tenant's state on a peer is never forgotten on a reader's word (it cannot be re-read here)
         log.warning("load failed; recompute from the last good block", request_id=plan.request_id,
                     tenant=plan.tenant, tier=tier, block=block, reason=report.reason)  # fmt: skip
         return min(plan.tokens_reused, block * self.keys.page_size)
@@ -260,10 +263,13 @@ class LoadPath:
         got = self.hierarchy.load(key, group, tier=tier)  # checksum and key checked: a mismatch is quarantined
         if got is None:
             return  # quarantined by the read, or gone
-        if request is not None:
+        # The descriptor is compared with the request only for the reporter's own state: a reader of a shared
+        # scope differs from the owner in what keys leave out (a latent layout's tensor-parallel rank), and must
+        # never delete the owner's state on its word.
+        if request is not None and plan.namespace is None:
             d = got.descriptor
-            ns = plan.namespace if plan.namespace is not None else request.namespace
-            if (d.namespace, d.model, d.tokenizer, d.layout) != (ns, request.model, request.tokenizer, request.layout):
+            own = (request.namespace, request.model, request.tokenizer, keyed_layout(request.layout))
+            if (d.namespace, d.model, d.tokenizer, keyed_layout(d.layout)) != own:
                 self.hierarchy.quarantine(key, group, tier, reason=f"{why}; its descriptor is another request's state")
                 return
         log.warning("a block reported corrupt verifies: kept", request_id=plan.request_id, tier=tier,

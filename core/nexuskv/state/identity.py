@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import attrs
+
 from nexuskv.contracts import ExtraInput, Layout, ModelIdentity, Namespace, Request, TokenizerIdentity, to_dict
 from nexuskv.errors import ConfigError
 
@@ -115,6 +117,13 @@ def _token_bytes(token_ids: Sequence[int]) -> bytes:
         raise ValueError(f"token ids must be integers in [0, 2**32): {exc}") from None
 
 
+def keyed_layout(layout: Layout) -> Layout:
+    """The layout as keys see it: MLA latent state is identical on every TP rank, so it is stored once (rank 0 of 1)."""
+    if layout.kind == "latent" and (layout.tp_rank, layout.tp_size) != (0, 1):
+        return attrs.evolve(layout, tp_rank=0, tp_size=1)
+    return layout
+
+
 class BlockKeyer:
     """Computes root and block keys for one deployment secret and page size (the pure-Python reference).
 
@@ -149,9 +158,7 @@ class BlockKeyer:
         got = self._roots.get(cache_key)
         if got is not None:
             return got
-        lay = to_dict(layout)
-        if layout.kind == "latent":  # MLA latent state is identical on every TP rank: store it once
-            lay["tp_rank"], lay["tp_size"] = 0, 1
+        lay = to_dict(keyed_layout(layout))
         ident = {
             "v": 1,
             "namespace": to_dict(namespace),
