@@ -350,3 +350,32 @@ def test_the_decision_file_is_readable_by_its_owner_only(tmp_path):
         assert len(wide.read_text().splitlines()) == 1  # the context line, appended: nothing it held was lost
     finally:
         os.umask(old)
+
+
+def test_a_decision_file_someone_else_could_read_or_that_blocks_is_refused(tmp_path, monkeypatch):
+    """A symlink (to a file another user reads), a FIFO (it would block the kernel) and a file another user owns
+    are each a clear ConfigError at start, and nothing is written through them."""
+    import os
+
+    from nexuskv import ConfigError
+
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text("")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    for path, why in ((link, "symlink"), (fifo, "fifo.jsonl")):
+        with pytest.raises(ConfigError, match=why):  # the FIFO: refused, not blocked on a reader that never comes
+            DecisionLog(PluginManager(entry_points=False), file=path, node="n1")
+    assert target.read_text() == ""
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text("")
+    if os.geteuid() == 0:
+        os.chown(foreign, 65534, 65534)  # nobody's file
+    else:  # without root no file can be given away: this user is made someone else instead
+        real = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: real + 1)
+    with pytest.raises(ConfigError, match="owned by uid"):
+        DecisionLog(PluginManager(entry_points=False), file=foreign, node="n1")
+    assert foreign.read_text() == ""

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import queue
+import stat
 import threading
 import time
 from collections import deque
@@ -31,6 +32,7 @@ import attrs
 import structlog
 
 from nexuskv.contracts import Plan, PlanAction, Predicted
+from nexuskv.errors import ConfigError
 from nexuskv.logs import get_logger
 from nexuskv.plugins.manager import PluginManager
 
@@ -150,11 +152,23 @@ def _private_append(path: str | os.PathLike[str]) -> IO[str]:
     """The decision file, opened to append, readable by its owner only (0600).
 
     It holds request ids, scopes and cache salts. A file that exists with wider permissions is narrowed to 0600,
-    and the change is logged.
+    and the change is logged. A symlink, anything but a regular file (a FIFO would block the kernel) and a file
+    another user owns are refused with a `ConfigError`: the records never go where someone else can read them.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        mode = os.fstat(fd).st_mode & 0o777
+        fd = os.open(path, flags, 0o600)
+    except OSError as e:
+        why = "it is a symlink" if os.path.islink(path) else e.strerror
+        raise ConfigError(f"decision file {os.fspath(path)!r}: cannot open it ({why})") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"decision file {os.fspath(path)!r}: not a regular file")
+        if st.st_uid != os.geteuid():
+            raise ConfigError(f"decision file {os.fspath(path)!r}: owned by uid {st.st_uid}, not this user")
+        os.set_blocking(fd, True)
+        mode = st.st_mode & 0o777
         if mode & 0o077:
             os.fchmod(fd, 0o600)
             log.warning("decision file was readable by others; now 0600", file=str(path), was=oct(mode))
