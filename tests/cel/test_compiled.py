@@ -545,6 +545,14 @@ def test_matches_is_re2_linear_time_and_re2_semantics():
     assert compile_expr("s.matches('^[[:alpha:]]+$')", ENV)({"s": "abc"}) is True  # POSIX classes work
 
 
+def test_a_pattern_is_bounded_in_length_and_in_the_memory_it_compiles_to():
+    """A run-time pattern is compiled on every new value: a huge or memory-hungry one is an error, never a stall."""
+    ev_error("s.matches(ls[0])", "at most 4096", s="a", ls=["a" * 5000])
+    ev_error("s.matches(ls[0])", "pattern too large", s="a", ls=["[\\p{Greek}\\p{Han}]{1,1000}x"])  # fits 8 MiB
+    with pytest.raises(CelTypeError, match="pattern too large"):
+        compile_expr("s.matches('[\\\\p{Greek}\\\\p{Han}]{1,1000}x')", ENV)
+
+
 def test_function_type_errors():
     type_error("size(x)", r"size\(\) is not defined for int")
     type_error("startsWith(s, 'a')", "is a method")

@@ -307,6 +307,9 @@ def bytes_of(v: str | int, pos: int = -1) -> int:
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a bad pattern is a located policy error, not a line on stderr
 _RE2_OPTIONS.never_capture = True  # matches() asks only whether there is a match
+_RE2_OPTIONS.max_mem = 1 << 20  # a compiled pattern's automata stay within 1 MiB (RE2 refuses what does not fit)
+MAX_PATTERN_CHARS = 4096
+"""The longest pattern `matches` compiles: a longer one is an invalid regular expression, never a slow compile."""
 RegexError = re2.error
 """What `compile_regex` raises for a pattern RE2 refuses (backreferences, lookaround, bad syntax)."""
 
@@ -318,6 +321,8 @@ def compile_regex(pattern: str) -> Any:
     RE2 has no backreferences or lookaround (a `RegexError`); `$` is the end of the text unless `(?m)`; `\d`, `\w`
     and `\s` are ASCII, `\pL` and POSIX classes (`[[:alpha:]]`) work, as in cel-go and cel-cpp.
     """
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise RegexError(f"pattern of {len(pattern)} characters: at most {MAX_PATTERN_CHARS}")
     return re2.compile(pattern, _RE2_OPTIONS)
 
 
@@ -334,4 +339,4 @@ def regex_problem(exc: BaseException) -> str:
     """RE2's message for a refused pattern, as text."""
     msg = exc.args[0] if exc.args else exc
     text = msg.decode(errors="replace") if isinstance(msg, bytes) else str(msg)
-    return f"{text} (RE2 syntax: no backreferences or lookaround)"
+    return text if text.startswith("pattern of ") else f"{text} (RE2 syntax: no backreferences or lookaround)"
