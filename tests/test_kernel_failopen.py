@@ -361,6 +361,34 @@ def test_a_hung_matcher_plugin_on_a_shared_scope_leaves_the_own_plan_standing():
         k.close()
 
 
+def test_a_hung_get_of_a_matcher_plugin_on_a_shared_scope_leaves_the_own_plan_standing():
+    """The shared scope's key walk asks the matcher's `get`: a plugin's `get` is bounded like its `match`."""
+    from pathlib import Path
+
+    from nexuskv import DictIndex, Location, ModelIdentity
+
+    gate, hanging = threading.Event(), []
+
+    class GetHangs(SlowMatcher):
+        def get(self, key):
+            hanging.append(True)
+            gate.wait(30)
+            return self.inner.get(key)
+
+    policies = str(Path(__file__).resolve().parents[1] / "policies")
+    k = Kernel(KernelConfig(node="n1", deadline_ms=50, policies=policies),
+               plugins=matcher_plugin(lambda: GetHangs(DictIndex(), 0)), secret=SECRET)  # fmt: skip
+    try:
+        docs = make_request(range(16 * 8), tenant="rag", scope="docs", model=ModelIdentity(name="tiny-llama"))
+        k.index.insert_many(k.keys(docs), Location("dram", "n1", k.epoch))
+        plan = k.plan(make_request(range(16 * 8 + 3), tenant="chat", model=ModelIdentity(name="tiny-llama")))
+        assert hanging and not gate.is_set()  # it answered while `get` still hung
+        assert plan.namespace is None and not plan.reasons[0].startswith("fail-open")  # its own plan stood
+    finally:
+        gate.set()
+        k.close()
+
+
 def test_raising_matcher_plugin_gives_recompute_with_the_reason():
     class Broken:
         def match(self, keys, layout):

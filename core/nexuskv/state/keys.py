@@ -140,6 +140,11 @@ class Keys:
             chunk = min(chunk * 2, CHUNK_BLOCKS) if deadline is not None else chunk * 2
         return keys
 
+    def _held_and_matched(self, index: Matcher, ns: Namespace, request: Request,
+                          deadline: float) -> tuple[Match, list[bytes]]:  # fmt: skip
+        keys = self.held_prefix(ns, request, index.get, deadline=deadline)
+        return index.match(keys, request.layout), keys
+
     def shared_match(self, index: Matcher, request: Request, deadline: float,
                      watchdog: concurrent.futures.Executor | None, seen: dict[tuple[str, str], Match] | None,
                      owner: str, scope: str) -> tuple[Match, list[bytes]]:  # fmt: skip
@@ -151,8 +156,15 @@ class Keys:
         inputs are captured.
         """
         ns = Namespace(tenant=owner, scope=scope, cache_salt=request.cache_salt)
-        keys = self.held_prefix(ns, request, index.get, deadline=deadline)
-        match = match_within(index, keys, request.layout, deadline, watchdog)
+        if watchdog is None:  # an inline matcher: its `get` and `match` are bounded here
+            keys = self.held_prefix(ns, request, index.get, deadline=deadline)
+            match = match_within(index, keys, request.layout, deadline, None)
+        else:  # a plugin matcher: its `get` may hang like its `match`, so both run under the watchdog
+            future = watchdog.submit(self._held_and_matched, index, ns, request, deadline)
+            try:
+                match, keys = future.result(timeout=max(deadline - time.perf_counter(), 0.0))
+            except concurrent.futures.TimeoutError:
+                raise DeadlinePassed("the matcher") from None
         if seen is not None:
             seen[(owner, scope)] = match
         return match, keys
