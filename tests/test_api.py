@@ -23,6 +23,7 @@ PUBLIC = {
 ADDED = {
     "BundleError", "Candidate", "CostModel", "LivePolicies", "Policies", "PolicyBundle", "PolicyChannel",
     "PolicyError", "Rollout", "default_profile", "load_profile", "to_plan",
+    "StateSeal",  # issue 29: the keyed MAC of stored state (benches measure it; a tier's tests seal with it)
 }  # fmt: skip
 
 

@@ -75,6 +75,7 @@ from nexuskv.state.identity import CHAIN_PERSON, BlockKeyer, KeyChain, load_secr
 from nexuskv.state.index import DictIndex, Holding, HoldingCodes, IndexSnapshot, Location, Match, Matcher
 from nexuskv.state.restore_points import longest_restore_point, valid_restore_point
 from nexuskv.storage.eviction import Frequency, HeapEntry, Lineage, parent_slot, pick_victims, refreshed_priority
+from nexuskv.storage.state_seal import StateSeal
 from nexuskv.units import parse_bytes
 
 __version__ = "0.1.0"
@@ -143,6 +144,7 @@ __all__ = [
     "Slo",
     "StateDescriptor",
     "StateGroup",
+    "StateSeal",
     "StateKind",
     "StoredState",
     "TensorSpec",

@@ -39,6 +39,7 @@ from nexuskv.state.index import Matcher
 from nexuskv.state.keys import Keys
 from nexuskv.storage.hierarchy import Hierarchy
 from nexuskv.storage.prefetch import Prefetcher
+from nexuskv.storage.state_seal import StateSeal
 from nexuskv.storage.write_queue import Writer
 
 __all__ = ["KernelParts"]
@@ -63,6 +64,7 @@ class KernelParts:
         secret = secret or load_secret(cfg.secret, cfg.secret_file)
         self.keyer: BlockKeyer = self.plugins.keyer(secret, cfg.page_size, cfg.keyer)
         self.plan_seal = PlanSeal(secret)
+        self.state_seal = StateSeal(secret)
         self.index: Matcher = self.plugins.matcher(cfg.matcher)
         profile = load_profile(cfg.profile) if cfg.profile else default_profile()
         self.links = link_estimates(cfg.links, profile)
@@ -82,7 +84,7 @@ class KernelParts:
         self.cost = CostModel(profile, links=self.links)
         self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s)
         self.hierarchy = Hierarchy(cfg, (self.plugins.tier_stores(), self.plugins.transports()), self.index,
-                                   self.cost, self.health, self.membership)  # fmt: skip
+                                   self.cost, self.health, self.membership, self.state_seal)  # fmt: skip
         wanted = cfg.policies or cfg.policy_rollout or cfg.policy_shadow
         decls, problems = plugin_functions(self.plugins.cel_functions()) if wanted else ({}, [])
         for problem in problems:

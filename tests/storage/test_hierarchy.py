@@ -16,6 +16,7 @@ from nexuskv.planning.breakers import Health
 from nexuskv.planning.cost import CostModel, default_profile, load_profile
 from nexuskv.plugins.manager import PluginManager
 from nexuskv.storage.hierarchy import Hierarchy
+from nexuskv.storage.state_seal import StateSeal
 from tests.conftest import SECRET, make_request
 
 
@@ -28,7 +29,8 @@ def build():
         membership = Membership(EmbeddedControlPlane(), "n1", 10.0)
         pm = PluginManager({}, entry_points=False)
         cost = CostModel(load_profile(config.profile) if config.profile else None)
-        h = Hierarchy(config, (pm.tier_stores(), pm.transports()), DictIndex(), cost, Health(), membership)
+        h = Hierarchy(config, (pm.tier_stores(), pm.transports()), DictIndex(), cost, Health(), membership,
+                      StateSeal(SECRET))
         made.append((h, membership))
         return h
 
@@ -75,12 +77,34 @@ def test_a_tier_the_cost_profile_has_no_cost_for_is_refused_with_the_fix(tmp_pat
         for cfg, which in ((KernelConfig(tiers={"dram": {}, "nvme": {"store": "dram"}}), "`profile` is not set"),
                            (KernelConfig(tiers={"nvme": {"store": "dram"}}, profile=str(profile)), str(profile))):
             with pytest.raises(ConfigError) as info:
-                Hierarchy(cfg, (pm.tier_stores(), pm.transports()), DictIndex(), CostModel(), Health(), membership)
+                Hierarchy(cfg, (pm.tier_stores(), pm.transports()), DictIndex(), CostModel(), Health(), membership,
+                          StateSeal(SECRET))
             assert str(info.value).startswith("tiers.nvme: the cost profile 'default-cpu-tiny-llama' (")
             assert which in str(info.value)
             assert ('add "nvme": {"bandwidth_bytes_per_s": ..., "latency_ms": ...} to the profile\'s "tiers"'
                     in str(info.value))  # fmt: skip
             assert str(info.value).endswith("or use a tier name the profile prices (disk, dram, redis, shm)")
+    finally:
+        membership.close()
+
+
+def test_a_transport_that_reaches_other_nodes_but_cannot_authenticate_them_is_refused():
+    class Unkeyed:
+        name, remote = "tcp", True
+
+        def fetch(self, store, slot):
+            return store.get(slot)
+
+        def close(self):
+            pass
+
+    membership = Membership(EmbeddedControlPlane(), "n1", 10.0)
+    pm = PluginManager({}, entry_points=False)
+    try:
+        with pytest.raises(ConfigError, match="'tcp' reaches other nodes but cannot authenticate them"):
+            Hierarchy(KernelConfig(node="n1", transports=("local", "tcp")),
+                      (pm.tier_stores(), {**pm.transports(), "tcp": Unkeyed}), DictIndex(), CostModel(), Health(),
+                      membership, StateSeal(SECRET))  # fmt: skip
     finally:
         membership.close()
 
@@ -197,6 +221,9 @@ def test_a_transport_that_reaches_other_nodes_cannot_come_first(build):
         def fetch(self, store, slot):
             return store.get(slot)
 
+        def authenticate(self, key):
+            pass
+
         def close(self):
             pass
 
@@ -206,7 +233,7 @@ def test_a_transport_that_reaches_other_nodes_cannot_come_first(build):
     try:
         with pytest.raises(ConfigError, match="the first transport reads this node's own tiers"):
             Hierarchy(config, (pm.tier_stores(), {**pm.transports(), "tcp": Peers}), DictIndex(), CostModel(),
-                      Health(), membership)  # fmt: skip
+                      Health(), membership, StateSeal(SECRET))  # fmt: skip
     finally:
         membership.close()
 

@@ -32,8 +32,9 @@ from nexuskv.contracts import (
 
 __all__ = ["DescriptorEncoder", "DescriptorParser"]
 
-_PER_BLOCK = ("key", "parent_key", "span", "nbytes", "checksum", "placement", "group", "usage")
+_PER_BLOCK = ("key", "parent_key", "span", "nbytes", "checksum", "placement", "group", "usage", "mac")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_MAC = re.compile(r"^([0-9a-f]{32})?$")
 _CHECKSUM = re.compile(r"^[a-z0-9-]+:[0-9a-f]+$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
 
@@ -64,6 +65,8 @@ def _per_block(data: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("key")
     if type(data["checksum"]) is not str or not _CHECKSUM.match(data["checksum"]):
         raise ValueError("checksum")
+    if type(data["mac"]) is not str or not _MAC.match(data["mac"]):
+        raise ValueError("mac")
     if set(span) != {"start", "end"} or set(place) != {"tier", "node", "epoch"} or set(usage) != {
         "created_s", "last_access_s", "hits"}:  # fmt: skip
         raise ValueError("shape")
@@ -76,6 +79,7 @@ def _per_block(data: dict[str, Any]) -> dict[str, Any]:
         "placement": Placement(_name(place["tier"]), _name(place["node"]), _int(place["epoch"])),
         "group": _int(data["group"]),
         "usage": Usage(_num(usage["created_s"]), _num(usage["last_access_s"]), _int(usage["hits"])),
+        "mac": data["mac"],
     }
 
 
@@ -171,7 +175,7 @@ class DescriptorEncoder:
                 "span": {"start": span.start, "end": span.end}, "nbytes": desc.nbytes, "checksum": desc.checksum,
                 "placement": {"tier": place.tier, "node": place.node, "epoch": place.epoch}, "group": desc.group,
                 "usage": {"created_s": usage.created_s, "last_access_s": usage.last_access_s,
-                          "hits": usage.hits}}  # fmt: skip
+                          "hits": usage.hits}, "mac": desc.mac}  # fmt: skip
         return json.dumps(data, separators=(",", ":")).encode()
 
 

@@ -181,4 +181,10 @@ class StateDescriptor:
         factory=tuple, converter=tuple, metadata=doc("Raw tensors in the payload.", maxItems=1024)
     )
     usage: Usage = field(factory=Usage, metadata=doc("Usage statistics."))
+    mac: str = field(
+        default="",
+        metadata=doc("Keyed MAC (BLAKE2b-128 with the deployment secret) over everything but `placement` and `usage`, "
+                     "set by the kernel when it stores the payload; empty before. A load refuses any other.",
+                     pattern="^([0-9a-f]{32})?$"),
+    )  # fmt: skip
     schema_version: int = field(default=SCHEMA_VERSION, metadata=doc("Contract version.", const=SCHEMA_VERSION))

@@ -2,7 +2,8 @@
 
 `Hierarchy` builds the tier stores and transports the config names, orders the tiers by the cost profile
 (fastest first; a tier it has no cost for is a `ConfigError`), re-indexes persistent tiers, stores and loads
-payloads (checksums verified, bad payloads quarantined), and keeps the index exact: every eviction a tier reports
+payloads (each sealed with the deployment's keyed MAC when stored and checked when read: `StateSeal`; bad
+payloads quarantined), and keeps the index exact: every eviction a tier reports
 removes exactly that group at that location, and the evicted payload is demoted one tier down where it fits.
 Prefetch moves go through `move`.
 """
@@ -26,6 +27,7 @@ from nexuskv.planning.breakers import Health
 from nexuskv.planning.cost import CostModel
 from nexuskv.plugins.interfaces import PersistentTierStore, StoredState, TierStore, Transport, slot_of
 from nexuskv.state.index import Location, Matcher
+from nexuskv.storage.state_seal import StateSeal
 from nexuskv.storage.tier_config import build_transports, remote_transport, tier_options, unpriced
 
 __all__ = ["Hierarchy"]
@@ -34,21 +36,27 @@ log = get_logger("nexuskv.hierarchy")  # the component name operators filter on:
 
 
 _UNKNOWN_CHECKSUM = "unknown checksum algorithm"
+_UNSEALED = "no MAC"
 
 
-def _payload_problem(key: bytes, got: StoredState) -> str:
+def _payload_problem(key: bytes, got: StoredState, seal: StateSeal) -> str:
     """Why a payload read back for block `key` must not be used ("" when it may).
 
-    Not the block's, a checksum this version cannot compute (`_UNKNOWN_CHECKSUM`: written by a newer one), or a
-    checksum mismatch.
+    Not the block's, a checksum this version cannot compute (`_UNKNOWN_CHECKSUM`: written by a newer one), no MAC
+    (`_UNSEALED`: written before stored state was sealed, or by something that is not a kernel of this deployment),
+    or a MAC that does not check (corrupt, or forged: the checksum tells which).
     """
     desc = got.descriptor
     if desc.key != key.hex():
         return "not the block's"
     if not checksum_known(desc.checksum):
         return _UNKNOWN_CHECKSUM
-    if not verify_checksum(got.payload, desc.checksum):
-        return "checksum mismatch"
+    if not desc.mac:
+        return _UNSEALED
+    if not seal.check(desc, got.payload):
+        if not verify_checksum(got.payload, desc.checksum):
+            return "checksum mismatch"
+        return "MAC does not check (not sealed with this deployment's secret, or changed since)"
     return ""
 
 
@@ -60,9 +68,10 @@ class Hierarchy:
     """Tier stores and transports of one node, ordered fastest first, with the index kept exact across them."""
 
     def __init__(self, config: KernelConfig, factories: tuple[dict[str, Any], dict[str, Any]], index: Matcher,
-                 cost: CostModel, health: Health, membership: Membership) -> None:  # fmt: skip
-        """`factories` are the plugin manager's (tier stores, transports) by name."""
+                 cost: CostModel, health: Health, membership: Membership, seal: StateSeal) -> None:  # fmt: skip
+        """`factories` are the plugin manager's (tier stores, transports) by name; `seal` the deployment's MAC."""
         self.config = config
+        self.seal = seal
         self.node = config.node
         self.index = index
         self.cost = cost
@@ -72,7 +81,7 @@ class Hierarchy:
         self.tier_order: tuple[str, ...] = ()  # set below; evictions during re-indexing see no lower tier
         tier_factories, transport_factories = factories
         self.tiers: dict[str, TierStore] = self._build_tiers(tier_factories)
-        self.transports: dict[str, Transport] = build_transports(config, transport_factories)
+        self.transports: dict[str, Transport] = build_transports(config, transport_factories, seal.peer_key)
         known = [t for t in self.tiers if t in cost.profile.tiers]
         if len(known) < len(self.tiers):  # it would store blocks no plan ever reads (closing the built tiers first)
             self.close()
@@ -127,15 +136,18 @@ class Hierarchy:
         return self._reindex(tier, store)
 
     def _reindex(self, name: str, store: PersistentTierStore) -> int:
-        n = unknown = 0
+        n = unknown = unsealed = 0
         for slot, desc in store.descriptors():
             if not checksum_known(desc.checksum):  # written by a newer version: never planned here
                 unknown += 1
                 continue
+            if not desc.mac:  # written before state was sealed, or planted: never planned (loads check the MAC)
+                unsealed += 1
+                continue
             self.index.insert(slot[:-1], Location(name, desc.placement.node, desc.placement.epoch), 1 << slot[-1])
             n += 1
-        if n or unknown:
-            log.info("tier re-indexed", tier=name, payloads=n, unknown_checksum=unknown)
+        if n or unknown or unsealed:
+            log.info("tier re-indexed", tier=name, payloads=n, unknown_checksum=unknown, unsealed=unsealed)
         return n
 
     # ------------------------------------------------------------------------------------------ evictions
@@ -178,6 +190,9 @@ class Hierarchy:
         if tier not in order or order.index(tier) + 1 >= len(order):
             return
         lower = order[order.index(tier) + 1]
+        if not self.seal.check(descriptor, payload):  # what a tier evicts is sealed again below: it must be ours
+            log.warning("evicted payload not demoted: its MAC does not check", tier=tier, key=descriptor.key)
+            return
         desc = attrs.evolve(descriptor, placement=self.placement(lower))
         try:
             priority, value = self.priority_for(desc)
@@ -233,6 +248,7 @@ class Hierarchy:
             raise ConfigError(f"no tier named {tier!r} (have: {sorted(self.tiers)})")
         if descriptor.placement.node != self.node:
             descriptor = attrs.evolve(descriptor, placement=self.placement(tier))
+        descriptor = self.seal.seal(descriptor, payload)  # every stored payload carries the deployment's MAC
         key = bytes.fromhex(descriptor.key)
         slot = slot_of(key, descriptor.group)
         if value is not None:
@@ -294,7 +310,7 @@ class Hierarchy:
                                                       timeout_s=timeout_s)  # fmt: skip
         out: list[StoredState | None] = []
         for (key, group), st in zip(blocks, got, strict=True):
-            problem = "missing" if st is None else _payload_problem(key, st)
+            problem = "missing" if st is None else _payload_problem(key, st, self.seal)
             if problem:
                 self.forget_peer(key, group, tier, node)
                 log.warning("peer state refused", node=node, tier=tier, key=key.hex(), group=group, why=problem)
@@ -317,19 +333,20 @@ class Hierarchy:
                      tier=tier)  # fmt: skip
 
     def verified(self, key: bytes, group: int, tier: str, got: StoredState, reason: str) -> bool:
-        """True when a payload read from `tier` is the block's and matches its checksum.
+        """True when a payload read from `tier` is the block's and its MAC (over it and its descriptor) checks.
 
-        A mismatch is quarantined. A checksum this version cannot compute (written by a newer one) is refused
-        without deleting anything: the entry leaves this kernel's index, the payload stays for whoever can read it.
+        A mismatch (corrupt or forged) is quarantined. A checksum this version cannot compute (written by a newer
+        one) or a descriptor with no MAC (written before state was sealed) is refused without deleting anything: the
+        entry leaves this kernel's index, the payload stays for whoever can read it.
         """
-        problem = _payload_problem(key, got)
-        if problem == _UNKNOWN_CHECKSUM:
+        problem = _payload_problem(key, got, self.seal)
+        if problem in (_UNKNOWN_CHECKSUM, _UNSEALED):
             self._unindex(key, group, tier)
-            log.warning("payload refused: unknown checksum algorithm", key=key.hex(), group=group, tier=tier,
+            log.warning("payload refused", why=problem, key=key.hex(), group=group, tier=tier,
                         checksum=got.descriptor.checksum.partition(":")[0])  # fmt: skip
             return False
         if problem:
-            self.quarantine(key, group, tier, reason=reason)
+            self.quarantine(key, group, tier, reason=f"{reason}: {problem}" if problem != reason else reason)
             return False
         return True
 

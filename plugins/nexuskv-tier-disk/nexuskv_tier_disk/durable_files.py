@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 
 
 def write_file(path: str, chunks: list[bytes | memoryview], fsync: bool) -> None:
@@ -49,6 +50,24 @@ def private_dirs(path: str) -> None:
         with contextlib.suppress(FileExistsError):  # another process made it meanwhile
             os.mkdir(d, DIR_MODE)
             os.chmod(d, DIR_MODE)  # mkdir's mode is masked by the umask
+
+
+def refuse_unsafe_dir(path: str) -> str:
+    """Why `path` must not hold a tier's files ("" when it may).
+
+    Not a directory, a symlink, another user's, or writable by group or others: anyone who can write there could
+    swap files in, or delete them.
+    """
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symlink (point the tier at the real directory)"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by this user ({os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}; chmod 700 it)"
+    return ""
 
 
 def fsync_dir(dir_fd: int) -> None:

@@ -146,6 +146,9 @@ class DiskStore:
         self._lineage = Lineage(lambda s: s in self._items)  # a prefix is never dropped while its continuation stays
 
         durable_files.private_dirs(self.path)
+        unsafe = durable_files.refuse_unsafe_dir(self.path)
+        if unsafe:
+            raise ConfigError(f"tier {name}: {self.path} cannot hold this tier's state: {unsafe}")
         self._lock_fd = os.open(os.path.join(self.path, ".lock"), os.O_RDWR | os.O_CREAT, durable_files.FILE_MODE)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 
+import attrs
+
 from nexuskv import Kernel, KernelConfig, slot_of
 
 
@@ -21,7 +23,8 @@ def test_kernel_builds_the_tier_by_name_and_reindexes_it_at_start(tmp_path, item
         for it in items:
             assert k.index.get(it.key) is not None
             got = k.load(it.key)
-            assert got is not None and bytes(got.payload) == it.payload and got.descriptor == it.desc
+            assert got is not None and bytes(got.payload) == it.payload
+            assert got.descriptor.mac and attrs.evolve(got.descriptor, mac="") == it.desc  # sealed when stored
 
 
 def test_kernel_forgets_a_payload_whose_file_went_bad(tmp_path, item):
@@ -46,3 +49,59 @@ def test_toml_config(tmp_path, item):
     with Kernel.from_config(cfg, secret=bytes(32)) as k:
         store = k.tiers["disk"]
         assert store.capacity_bytes == 4 << 20 and store.codec == "zstd" and store.path == str(tmp_path / "tier")
+
+
+def test_a_directory_others_could_write_or_a_symlink_is_refused_at_start(tmp_path, item):
+    """Issue 29, finding 2: a tier directory that was already 0777, or a symlink to someone else's, was used as is
+    and files swapped in by its owner were served. Each is now a ConfigError naming the fix."""
+    import pytest
+
+    from nexuskv import ConfigError
+
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    wide.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        _kernel(wide)
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(ConfigError, match="is a symlink"):
+        _kernel(link)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(foreign, 65534, 65534)
+        with pytest.raises(ConfigError, match="owned by uid 65534"):
+            _kernel(foreign)
+    with _kernel(tmp_path / "fresh") as k:  # a directory the tier makes itself is private, and accepted
+        it = item(1)
+        assert k.put(it.desc, it.payload)
+
+
+def test_a_file_swapped_in_by_whoever_can_write_the_directory_is_never_served(tmp_path, item):
+    """A sealed file replaced by one with a matching checksum but no MAC (or another deployment's) is a miss."""
+    items = [item(i) for i in range(2)]
+    with _kernel(tmp_path) as k:
+        for it in items:
+            assert k.put(it.desc, it.payload)
+    import shutil
+
+    from nexuskv import checksum
+
+    other = tmp_path.parent / (tmp_path.name + "-other")
+    tier = {"store": "disk", "path": str(other), "capacity_bytes": "64MiB", "fsync": False}
+    with Kernel(KernelConfig(tiers={"disk": tier}, plugins=("disk",)), secret=bytes(range(1, 33))) as k2:
+        forged = item(0)
+        evil = b"forged" + forged.payload[6:]
+        assert k2.put(attrs.evolve(forged.desc, checksum=checksum(evil)), evil)  # sealed, but with another secret
+        k2.tiers["disk"].flush()
+        src = k2.tiers["disk"].file_of(slot_of(forged.key))
+    with _kernel(tmp_path) as k:
+        k.tiers["disk"].flush()
+        dst = k.tiers["disk"].file_of(slot_of(items[0].key))
+    shutil.copyfile(src, dst)  # the owner of the directory swaps the file
+    with _kernel(tmp_path) as k:
+        assert k.load(items[0].key) is None  # its MAC is another deployment's: never served
+        assert bytes(k.load(items[1].key).payload) == items[1].payload

@@ -1,0 +1,84 @@
+"""StateSeal and the hierarchy: stored state that a store writer planted, changed or copied from another
+deployment is never served (issue 29, finding 2)."""
+
+from __future__ import annotations
+
+import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nexuskv import Location, slot_of
+from nexuskv.contracts import Namespace, Placement, TokenSpan, Usage
+from nexuskv.contracts.checksums import checksum
+from nexuskv.storage.state_seal import StateSeal
+from tests.conftest import SECRET
+from tests.storage.test_hierarchy import build, descriptor, keys  # noqa: F401  (the fixture)
+
+OTHER = bytes(range(1, 33))
+
+
+def test_the_mac_covers_the_payload_and_every_field_but_where_it_lies_and_how_often_it_was_read(build):  # noqa: F811
+    h = build({"dram": {"store": "dram"}})
+    seal = StateSeal(SECRET)
+    d = seal.seal(descriptor(h, keys(1)[0], b"abc", "dram"), b"abc")
+    assert seal.check(d, b"abc") and not StateSeal(OTHER).check(d, b"abc")
+    assert seal.check(attrs.evolve(d, placement=Placement("disk", "n9", 7), usage=Usage(1.0, 2.0, 3)), b"abc")
+    changed = {"namespace": Namespace("globex"), "span": TokenSpan(0, 32), "nbytes": 4, "group": 1,
+               "codec": "zstd", "raw_nbytes": 9, "parent_key": "ab" * 16, "checksum": checksum(b"abd"),
+               "key": "cd" * 16, "model": attrs.evolve(d.model, revision="2")}  # fmt: skip
+    for name, value in changed.items():
+        assert not seal.check(attrs.evolve(d, **{name: value}), b"abc"), name
+    assert not seal.check(d, b"abd") and not seal.check(attrs.evolve(d, mac=""), b"abc")
+
+
+@settings(max_examples=50, deadline=None)
+@given(payload=st.binary(min_size=1, max_size=4096), at=st.integers(min_value=0), bit=st.integers(0, 7))
+def test_any_flipped_bit_of_a_payload_fails_its_mac(payload, at, bit):
+    seal = StateSeal(SECRET)
+    from tests.storage.test_hierarchy import make_request  # a descriptor without a hierarchy
+
+    req = make_request(range(16))
+    d = seal.seal(attrs.evolve(_bare(req), nbytes=len(payload), checksum=checksum(payload)), payload)
+    flipped = bytearray(payload)
+    flipped[at % len(payload)] ^= 1 << bit
+    assert seal.check(d, payload) and not seal.check(d, bytes(flipped))
+    assert seal.check(d, memoryview(payload))  # the same bytes however they are held
+
+
+def _bare(req):
+    from nexuskv.contracts import StateDescriptor
+
+    return StateDescriptor(key="00" * 16, namespace=req.namespace, model=req.model, tokenizer=req.tokenizer,
+                           layout=req.layout, span=TokenSpan(0, 16), nbytes=0, checksum=checksum(b""),
+                           placement=Placement("dram", "n1"))  # fmt: skip
+
+
+def test_state_planted_by_a_store_writer_is_never_served(build):  # noqa: F811
+    h = build({"dram": {"store": "dram"}})
+    planted, forged, foreign, swapped = keys(4)
+    store, loc = h.tiers["dram"], Location("dram", "n1", h.membership.epoch)
+    # 1. a payload and a descriptor that agree (a checksum anyone can compute), and no MAC: an old or planted entry
+    store.put(slot_of(planted), b"evil", descriptor(h, planted, b"evil", "dram"))
+    # 2. the same with a made-up MAC
+    store.put(slot_of(forged), b"evil", attrs.evolve(descriptor(h, forged, b"evil", "dram"), mac="ab" * 16))
+    # 3. state sealed by another deployment (another secret)
+    store.put(slot_of(foreign), b"evil", StateSeal(OTHER).seal(descriptor(h, foreign, b"evil", "dram"), b"evil"))
+    # 4. this deployment's sealed descriptor, its payload swapped and the checksum made to agree
+    assert h.put(descriptor(h, swapped, b"good", "dram"), b"good")
+    sealed = store.get(slot_of(swapped)).descriptor
+    store.put(slot_of(swapped), b"evil", attrs.evolve(sealed, checksum=checksum(b"evil"), nbytes=4))
+    for k in (planted, forged, foreign, swapped):
+        h.index.insert(k, loc)  # what a restart's re-index or a cluster index would say
+        assert h.load(k) is None, k.hex()
+        assert h.index.get(k) is None  # and it leaves the index
+    assert slot_of(planted) in store  # an unsealed entry is refused, not deleted (it may be an older version's)
+    assert all(slot_of(k) not in store for k in (forged, foreign, swapped))  # a failed MAC is quarantined
+
+
+def test_an_evicted_payload_whose_mac_fails_is_not_laundered_into_the_tier_below(build):  # noqa: F811
+    h = build({"dram": {"store": "dram", "capacity_bytes": 200}, "disk": {"store": "dram"}})
+    a, b, c = keys(3)
+    h.tiers["dram"].put(slot_of(a), b"e" * 100, descriptor(h, a, b"e" * 100, "dram"))  # planted, no MAC
+    assert h.put(descriptor(h, b, b"b" * 100, "dram"), b"b" * 100)
+    assert h.put(descriptor(h, c, b"c" * 100, "dram"), b"c" * 100)  # pushes something out of dram
+    assert slot_of(a) not in h.tiers["dram"] and len(h.tiers["disk"]) == 0  # evicted, and never sealed below
