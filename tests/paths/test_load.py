@@ -167,6 +167,9 @@ class InProcessPeers:
     def fetch(self, store, slot):
         return store.get(slot)
 
+    def authenticate(self, key):  # in-process: every peer holds this process's key
+        self.key = key
+
     def fetch_remote(self, address, tier, slots, timeout_s=None):
         if self.fault == "down":
             raise ConnectionError(f"{address}: connection refused")

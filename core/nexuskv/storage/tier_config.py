@@ -36,8 +36,12 @@ def tier_options(name: str, raw: Mapping[str, Any], factories: Mapping[str, Any]
     return kind, opts
 
 
-def build_transports(config: KernelConfig, factories: Mapping[str, Any]) -> dict[str, Transport]:
-    """The transports `config.transports` names, built from their plugins with `transport_options`."""
+def build_transports(config: KernelConfig, factories: Mapping[str, Any], peer_key: bytes) -> dict[str, Transport]:
+    """The transports `config.transports` names, built from their plugins with `transport_options`.
+
+    Every transport that reaches other nodes (`remote = True`) gets `peer_key` (derived from the deployment secret)
+    through its `authenticate(key)`, and must have one: a node-to-node edge nobody authenticates is a `ConfigError`.
+    """
     missing = [t for t in config.transports if t not in factories]
     if missing:
         raise ConfigError(f"transports: no transport plugin named {missing} (have: {sorted(factories)})")
@@ -50,6 +54,14 @@ def build_transports(config: KernelConfig, factories: Mapping[str, Any]) -> dict
             out[name] = factories[name](**config.transport_options.get(name, {}))
         except Exception as exc:
             raise ConfigError(f"transport_options.{name}: {type(exc).__name__}: {exc}") from None
+    for name, mover in out.items():
+        if getattr(mover, "remote", False) is not True:
+            continue
+        authenticate = getattr(mover, "authenticate", None)
+        if not callable(authenticate):
+            raise ConfigError(f"transports: {name!r} reaches other nodes but cannot authenticate them (it has no "
+                              f"authenticate(key)); every node-to-node edge must be keyed")  # fmt: skip
+        authenticate(peer_key)
     first = config.transports[0]
     if getattr(out[first], "remote", False) is True:
         raise ConfigError(f"transports: the first transport reads this node's own tiers; {first!r} reaches other "

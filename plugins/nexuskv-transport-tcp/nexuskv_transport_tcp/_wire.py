@@ -3,10 +3,23 @@
 Binary, big-endian, versioned. One request asks for many slots of one tier; the server answers every slot, in
 order, on the same connection, then waits for the next request (many requests per connection, until EOF).
 
+Every connection starts with a mutual challenge-response under the peer key (derived by the kernel from the
+deployment secret: only nodes of one deployment hold it); nothing else is read or answered before it checks::
+
+    server hello   magic b"NXKA", version u8, server nonce (16 random bytes)
+    client proof   client nonce (16 random bytes), BLAKE2b-256(key, "client", server nonce | client nonce)
+    server proof   BLAKE2b-256(key, "server", client nonce | server nonce)
+
+A wrong proof closes the connection with no answer at all (no status, no descriptor, no "exists" oracle). Both
+sides then derive a session key from the two nonces, and every request frame is followed by its 16-byte MAC under
+that key over (its sequence number on the connection | the frame): a changed, reordered or replayed request, or
+one from another connection, closes the connection unanswered. Answers carry no MAC: every payload and descriptor
+is verified by the reader's kernel against the deployment's keyed MAC of stored state (`StateSeal`).
+
 Request::
 
     magic      4 bytes   b"NXKT"
-    version    u8        1
+    version    u8        2
     tier_len   u16       <= 255
     count      u32       <= 65536
     tier       tier_len bytes (UTF-8 tier name)
@@ -30,6 +43,9 @@ bytearray.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import socket
 import struct
 import time
@@ -54,11 +70,22 @@ __all__ = [
     "encode_request",
     "read_answer_head",
     "read_request",
+    "read_sealed_request",
     "send_buffers",
+    "Session",
+    "client_handshake",
+    "server_handshake",
+    "AuthenticationError",
 ]
 
 MAGIC = b"NXKT"
-VERSION = 1
+VERSION = 2
+HELLO_MAGIC = b"NXKA"
+NONCE_BYTES = 16
+PROOF_BYTES = 32
+FRAME_MAC_BYTES = 16
+HELLO = struct.Struct(f">4sB{NONCE_BYTES}s")
+SEQ = struct.Struct(">Q")
 REQUEST_HEAD = struct.Struct(">4sBHI")  # magic, version, tier length, slot count
 SLOT_LEN = struct.Struct(">H")
 ANSWER_HEAD = struct.Struct(">BIQ")  # status, descriptor length, payload length
@@ -76,6 +103,10 @@ _IOV_MAX = 512  # buffers per sendmsg call (Linux allows 1024)
 
 class ProtocolError(Exception):
     """A frame that breaks the protocol: bad magic or version, a length over its bound, an unknown status."""
+
+
+class AuthenticationError(ProtocolError):
+    """The other side does not hold the peer key (or a request's MAC does not check): nothing is answered."""
 
 
 class PeerClosed(ProtocolError):
@@ -206,6 +237,13 @@ def read_request(reader: Reader) -> tuple[str, list[bytes]]:
     return tier, slots
 
 
+def read_sealed_request(reader: Reader, session: Session) -> tuple[str, list[bytes]]:
+    """`read_request`, then the frame's MAC, checked: `AuthenticationError` unless it is the session's next one."""
+    tier, slots = read_request(reader)
+    session.check(encode_request(tier.encode(), slots), reader.exact(FRAME_MAC_BYTES))
+    return tier, slots
+
+
 def encode_answer(status: int, descriptor: bytes = b"", payload_len: int = 0) -> bytes:
     """The head of one answer followed by its descriptor bytes (the payload goes out separately)."""
     return ANSWER_HEAD.pack(status, len(descriptor), payload_len) + descriptor
@@ -223,3 +261,66 @@ def read_answer_head(reader: Reader, max_bytes: int) -> tuple[int, int, int]:
     if payload_len and status != HIT:
         raise ProtocolError(f"payload of {payload_len} bytes announced with status {status} (not a hit)")
     return status, desc_len, payload_len
+
+
+# ------------------------------------------------------------------------------------------ authentication
+
+
+def _proof(key: bytes, who: bytes, first: bytes, second: bytes) -> bytes:
+    return hashlib.blake2b(first + second, key=key, digest_size=PROOF_BYTES, person=b"nxkt-" + who).digest()
+
+
+class Session:
+    """One authenticated connection's request MACs: a key from both nonces and a sequence number per frame."""
+
+    __slots__ = ("_key", "_seq")
+
+    def __init__(self, key: bytes, server_nonce: bytes, client_nonce: bytes) -> None:
+        self._key = _proof(key, b"session", server_nonce, client_nonce)
+        self._seq = 0
+
+    def _mac(self, frame: bytes) -> bytes:
+        mac = hashlib.blake2b(SEQ.pack(self._seq), key=self._key, digest_size=FRAME_MAC_BYTES)
+        mac.update(frame)
+        self._seq += 1
+        return mac.digest()
+
+    def seal(self, frame: bytes) -> bytes:
+        """`frame` followed by its MAC (the client's side; the sequence number moves on)."""
+        return frame + self._mac(frame)
+
+    def check(self, frame: bytes, mac: bytes) -> None:
+        """Raise `AuthenticationError` unless `mac` is the next frame's MAC of `frame` (the server's side)."""
+        if not hmac.compare_digest(self._mac(frame), bytes(mac)):
+            raise AuthenticationError("a request's MAC does not check (changed, replayed or out of order)")
+
+
+def server_handshake(sock: socket.socket, reader: Reader, key: bytes) -> Session:
+    """Prove the peer holds `key` (and prove it to the peer); `AuthenticationError` if it does not."""
+    server_nonce = os.urandom(NONCE_BYTES)
+    sock.sendall(HELLO.pack(HELLO_MAGIC, VERSION, server_nonce))
+    client_nonce = bytes(reader.exact(NONCE_BYTES))
+    proof = reader.exact(PROOF_BYTES)
+    if not hmac.compare_digest(bytes(proof), _proof(key, b"client", server_nonce, client_nonce)):
+        raise AuthenticationError("the peer does not hold this deployment's peer key")
+    sock.sendall(_proof(key, b"server", client_nonce, server_nonce))
+    return Session(key, server_nonce, client_nonce)
+
+
+def client_handshake(sock: socket.socket, reader: Reader, key: bytes) -> Session:
+    """The client's half of the handshake; `AuthenticationError` when the server does not hold `key`."""
+    magic, version, server_nonce = HELLO.unpack(reader.exact(HELLO.size))
+    if magic != HELLO_MAGIC:
+        raise ProtocolError(f"bad hello {bytes(magic)!r} (not a NexusKV tcp transport of this version)")
+    if version != VERSION:
+        raise ProtocolError(f"the peer speaks protocol version {version} (this side speaks {VERSION})")
+    client_nonce = os.urandom(NONCE_BYTES)
+    sock.sendall(client_nonce + _proof(key, b"client", server_nonce, client_nonce))
+    try:
+        proof = reader.exact(PROOF_BYTES)
+    except PeerClosed:
+        raise AuthenticationError("the peer closed the connection at our proof: it holds another peer key "
+                                  "(a node of another deployment?)") from None  # fmt: skip
+    if not hmac.compare_digest(bytes(proof), _proof(key, b"server", client_nonce, server_nonce)):
+        raise AuthenticationError("the peer does not hold this deployment's peer key")
+    return Session(key, server_nonce, client_nonce)

@@ -9,9 +9,7 @@ import time
 
 from attrs import define, field
 
-from nexuskv_transport_tcp._wire import (
-    Reader,
-)
+from nexuskv_transport_tcp._wire import Reader, Session, client_handshake
 
 __all__ = ["Conn", "Pool", "connect", "format_address", "nodelay", "parse_address"]
 
@@ -44,6 +42,7 @@ class Conn:
     address: str
     sock: socket.socket
     reader: Reader = field(init=False)
+    session: Session | None = None  # set by the handshake
     reused: bool = False  # True once it came back from the pool
 
     def __attrs_post_init__(self) -> None:
@@ -116,12 +115,19 @@ def _quiet(sock: socket.socket) -> bool:
     return False  # EOF, or bytes nobody asked for
 
 
-def connect(address: str, deadline: float) -> Conn:
-    """A fresh connection to `address` (OSError / ValueError on failure)."""
+def connect(address: str, deadline: float, key: bytes) -> Conn:
+    """A fresh connection to `address`, both sides proven to hold `key` (OSError / ValueError / ProtocolError)."""
     host, port = parse_address(address)
     left = deadline - time.monotonic()
     if left <= 0:
         raise TimeoutError("timed out")
     sock = socket.create_connection((host, port), timeout=left)
     nodelay(sock)
-    return Conn(address, sock)
+    conn = Conn(address, sock)
+    conn.reader.deadline = deadline
+    try:
+        conn.session = client_handshake(sock, conn.reader, key)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -14,11 +14,13 @@ from nexuskv_transport_tcp._wire import (
     MISS,
     SERVER_ERROR,
     UNKNOWN_TIER,
+    AuthenticationError,
     ProtocolError,
     Reader,
     encode_answer,
-    read_request,
+    read_sealed_request,
     send_buffers,
+    server_handshake,
 )
 from nexuskv_transport_tcp.connections import format_address, nodelay
 
@@ -33,6 +35,9 @@ _FLUSH_BYTES = 256 << 10  # answers are sent once this much is pending (or a pay
 
 _FLUSH_BUFFERS = 256
 
+HANDSHAKE_S = 5.0
+"""How long a new connection has to prove it holds the peer key before it is closed."""
+
 
 class _Handler(socketserver.BaseRequestHandler):
     """Serves one connection: requests, one after another, until EOF or a malformed frame."""
@@ -46,9 +51,15 @@ class _Handler(socketserver.BaseRequestHandler):
         reader = Reader(sock)
         self.server.track(sock, True)
         try:
+            sock.settimeout(HANDSHAKE_S)
+            session = server_handshake(sock, reader, self.server.key)
+            sock.settimeout(None)  # an authenticated peer's pooled connection may idle
             while not reader.at_eof():
-                tier, slots = read_request(reader)
+                tier, slots = read_sealed_request(reader, session)
                 self.server.answer(sock, tier, slots)
+        except AuthenticationError as e:
+            self.server.refused += 1
+            log.warning("tcp_peer_refused", peer=peer, error=str(e))
         except ProtocolError as e:
             log.warning("tcp_malformed_request", peer=peer, error=str(e))
         except OSError as e:
@@ -60,15 +71,18 @@ class _Handler(socketserver.BaseRequestHandler):
 
 
 class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
-    """Answers reads of a live tier mapping, one daemon thread per connection."""
+    """Answers authenticated peers' reads of a live tier mapping, one daemon thread per connection."""
 
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 128  # many workers connect at once: a full backlog drops SYNs, retried only after seconds
 
-    def __init__(self, host: str, port: int, tiers: Mapping[str, TierStore]) -> None:
+    def __init__(self, host: str, port: int, tiers: Mapping[str, TierStore], key: bytes) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.tiers = tiers
+        self.key = key
+        self.refused = 0  # connections that failed to authenticate (or sent a request whose MAC failed)
         self.descriptors = DescriptorEncoder()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()

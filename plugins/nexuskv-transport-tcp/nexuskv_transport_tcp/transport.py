@@ -1,8 +1,10 @@
 """The TCP transport: serves this node's tiers to peers and reads slots of theirs, many per round trip.
 
-The wire protocol is described in `nexuskv_transport_tcp._wire`. The client never verifies checksums (the kernel
-verifies every payload against its descriptor) but it never returns a payload shorter or longer than announced,
-nor a descriptor that does not parse: such an answer is a `TransportError`, and the connection is dropped.
+The wire protocol is described in `nexuskv_transport_tcp._wire`. Every connection is mutually authenticated with
+the peer key the kernel hands over (`authenticate`, derived from the deployment secret) and every request carries a
+MAC: nothing is served to, or read from, a process that does not hold it. The client never verifies checksums (the
+kernel verifies every payload against its sealed descriptor) but it never returns a payload shorter or longer than
+announced, nor a descriptor that does not parse: such an answer is a `TransportError`, and the connection is dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from nexuskv_transport_tcp._wire import (
     MAX_TIER_BYTES,
     SERVER_ERROR,
     UNKNOWN_TIER,
+    AuthenticationError,
     PeerClosed,
     ProtocolError,
     encode_request,
@@ -89,6 +92,19 @@ class TcpTransport:
         self._thread: threading.Thread | None = None
         self._address: str | None = None
         self._closed = False
+        self._key: bytes | None = None
+
+    def authenticate(self, key: bytes) -> None:
+        """Take the peer key (the kernel derives it from the deployment secret): required to serve and to fetch."""
+        if len(key) < 16:
+            raise ValueError(f"the peer key must be at least 16 bytes, got {len(key)}")
+        self._key = bytes(key[:64])
+
+    @property
+    def refused(self) -> int:
+        """Connections this node's server refused: no proof of the peer key, or a request whose MAC failed."""
+        server = self._server
+        return server.refused if server is not None else 0
 
     # ----------------------------------------------------------------------------------------- local reads
 
@@ -108,7 +124,9 @@ class TcpTransport:
                 raise RuntimeError("tcp transport is closed")
             if self._address is not None:
                 return self._address
-            server = Server(self.host, self.port, tiers)
+            if self._key is None:
+                raise RuntimeError("tcp transport: no peer key (the kernel calls authenticate(key) first)")
+            server = Server(self.host, self.port, tiers, self._key)
             port = server.server_address[1]
             thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                       name=f"nexuskv-tcp-{port}", daemon=True)  # fmt: skip
@@ -145,6 +163,8 @@ class TcpTransport:
                 raise ValueError(f"slot of {len(slot)} bytes (at most {MAX_SLOT_BYTES})")
         if self._closed:
             raise TransportError(f"tcp peer {address}: this transport is closed")
+        if self._key is None:
+            raise TransportError(f"tcp peer {address}: no peer key (the kernel calls authenticate(key) first)")
         limit = self.timeout_s if timeout_s is None else float(timeout_s)
         deadline = time.monotonic() + limit
         out: list[StoredState | None] = []
@@ -165,7 +185,7 @@ class TcpTransport:
             conn = self._pool.take(address)
             try:
                 if conn is None:
-                    conn = connect(address, deadline)
+                    conn = connect(address, deadline, self._key or b"")
                 return self._exchange(conn, request, count, deadline)
             except BaseException as e:
                 if conn is not None:
@@ -185,7 +205,9 @@ class TcpTransport:
         if left <= 0:
             raise TimeoutError("timed out")
         conn.sock.settimeout(left)
-        conn.sock.sendall(request)
+        if conn.session is None:  # every connection is authenticated before it is used
+            raise AuthenticationError("connection not authenticated")
+        conn.sock.sendall(conn.session.seal(request))
         out: list[StoredState | None] = []
         for _ in range(count):
             status, desc_len, payload_len = read_answer_head(reader, self.max_payload_bytes)
@@ -242,6 +264,8 @@ def _why(e: BaseException, tier: str, limit: float) -> str:
         return f"timed out (timeout_s={limit:g})"
     if isinstance(e, ConnectionRefusedError):
         return "connection refused"
+    if isinstance(e, AuthenticationError):
+        return f"authentication failed ({e}): is it a node of this deployment (the same secret)?"
     if isinstance(e, _UnknownTier):
         return f"the peer has no tier {tier!r}"
     if isinstance(e, _ServerFailed):

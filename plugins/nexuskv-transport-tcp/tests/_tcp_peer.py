@@ -30,6 +30,26 @@ from nexuskv import (
 )
 
 TIER = "dram"
+PEER_KEY = bytes(range(100, 132))
+"""The peer key every transport of these tests holds (a kernel derives its own from the deployment secret)."""
+
+
+def tcp(**options):  # type: ignore[no-untyped-def]
+    """A `TcpTransport` holding `PEER_KEY`, as a kernel would hand it over."""
+    from nexuskv_transport_tcp import TcpTransport
+
+    t = TcpTransport(**options)
+    t.authenticate(PEER_KEY)
+    return t
+
+
+def authenticated(address: str, key: bytes = PEER_KEY, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    """A raw socket to `address` past the handshake, and its session (frames sent on it need `session.seal`)."""
+    from nexuskv_transport_tcp._wire import Reader, client_handshake
+
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    return sock, client_handshake(sock, Reader(sock), key)
 
 
 def descriptor(slot: bytes, payload: bytes | memoryview, tier: str = TIER) -> StateDescriptor:
@@ -97,19 +117,23 @@ class FakePeer:
         return data
 
     def _serve(self, conn: socket.socket) -> None:
+        from nexuskv_transport_tcp._wire import Reader, server_handshake
+
         try:
+            server_handshake(conn, Reader(conn), PEER_KEY)  # its reads are exact: nothing of a request is buffered
             while True:
                 magic, version, tier_len, count = struct.unpack(">4sBHI", self._read(conn, 11))
-                assert (magic, version) == (b"NXKT", 1)
+                assert (magic, version) == (b"NXKT", 2)
                 self._read(conn, tier_len)
                 for _ in range(count):
                     self._read(conn, struct.unpack(">H", self._read(conn, 2))[0])
+                self._read(conn, 16)  # the frame's MAC (this fake does not check it)
                 data, close = self.answers.pop(0)
                 conn.sendall(data)
                 if close:
                     conn.close()
                     return
-        except (EOFError, OSError):
+        except (EOFError, OSError, Exception):
             conn.close()
 
     def close(self) -> None:
@@ -125,12 +149,10 @@ def main() -> None:
     args = json.loads(sys.argv[1])
     configure_logging(stream=sys.stderr)  # stdout carries the JSON line
     from nexuskv.builtins.dram import DramStore
-    from nexuskv_transport_tcp import TcpTransport
-
     store = DramStore(1 << 28, name=TIER)
     for i in range(args["n"]):
         put(store, i, args["size"])
-    t = TcpTransport()
+    t = tcp()
     address = t.serve({TIER: store})
     sys.stdout.write(json.dumps({"address": address, "pid": os.getpid()}) + "\n")
     sys.stdout.flush()

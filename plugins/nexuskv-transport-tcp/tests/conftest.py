@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from _tcp_peer import TIER
+from _tcp_peer import TIER, tcp
 
 from nexuskv.builtins.dram import DramStore
-from nexuskv_transport_tcp import TcpTransport
 
 
 @pytest.fixture
@@ -18,7 +17,7 @@ def store():
 
 @pytest.fixture
 def server(store):
-    t = TcpTransport()
+    t = tcp()
     t.serve({TIER: store})
     yield t
     t.close()
@@ -26,7 +25,7 @@ def server(store):
 
 @pytest.fixture
 def client():
-    t = TcpTransport(timeout_s=10.0)  # generous: a loaded machine must not turn a correct answer into a timeout
+    t = tcp(timeout_s=10.0)  # generous: a loaded machine must not turn a correct answer into a timeout
     yield t
     t.close()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import structlog
-from _tcp_peer import TIER, FakePeer, descriptor, payload_of, put, slot_n
+from _tcp_peer import TIER, FakePeer, authenticated, descriptor, payload_of, put, slot_n, tcp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -66,7 +66,7 @@ def test_many_slots_of_many_groups(store, server, client):
 
 def test_local_fetch_reads_the_store(store):
     payload = put(store, 1, 10)
-    t = TcpTransport()
+    t = tcp()
     assert bytes(t.fetch(store, slot_n(1)).payload) == payload and t.fetch(store, slot_n(2)) is None
     t.close()
 
@@ -87,7 +87,7 @@ def test_store_failure_is_reported(client):
         def get(self, slot):
             raise RuntimeError("disk on fire")
 
-    t = TcpTransport()
+    t = tcp()
     address = t.serve({"broken": Broken(1 << 20)})
     try:
         with pytest.raises(TransportError, match=r"failed to read tier 'broken'.*disk on fire"):
@@ -112,7 +112,7 @@ def test_bad_address(client):
 def test_silent_peer_times_out():
     with socket.create_server(("127.0.0.1", 0)) as listener:  # the kernel accepts for it; nobody ever answers
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        t = TcpTransport(timeout_s=0.2)
+        t = tcp(timeout_s=0.2)
         with pytest.raises(TransportError, match=r"timed out \(timeout_s=0.2\)"):
             t.fetch_remote(address, TIER, [slot_n(1)])
         with pytest.raises(TransportError, match=r"timed out \(timeout_s=0.1\)"):
@@ -129,7 +129,7 @@ def test_caller_errors_send_nothing(client):
 
 
 def test_closed_transport_refuses_to_fetch(server):
-    t = TcpTransport()
+    t = tcp()
     t.close()
     with pytest.raises(TransportError, match="closed"):
         t.fetch_remote(server.address, TIER, [slot_n(1)])
@@ -158,7 +158,7 @@ BAD = {
 def test_malformed_answers_raise_and_drop_the_connection(case):
     data, close, message = BAD[case]
     peer = FakePeer([(GOOD, False), (data, close), (GOOD, False)])
-    t = TcpTransport(timeout_s=10.0)
+    t = tcp(timeout_s=10.0)
     try:
         # a healthy exchange first: that connection is pooled...
         assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)])[0].payload) == GOOD_PAYLOAD
@@ -179,12 +179,12 @@ def test_malformed_answers_raise_and_drop_the_connection(case):
 
 def test_stale_pooled_connection_is_retried_once(store, client):
     put(store, 1, 10)
-    first = TcpTransport()
+    first = tcp()
     address = first.serve({TIER: store})
     port = int(address.rsplit(":", 1)[1])
     assert client.fetch_remote(address, TIER, [slot_n(1)])[0] is not None
     first.close()  # drops the pooled connection's other end
-    second = TcpTransport(port=port)  # a restarted peer on the same port
+    second = tcp(port=port)  # a restarted peer on the same port
     second.serve({TIER: store})
     try:
         assert client.fetch_remote(address, TIER, [slot_n(1)])[0] is not None
@@ -194,14 +194,14 @@ def test_stale_pooled_connection_is_retried_once(store, client):
 
 def test_pooled_connection_closed_before_answering_is_retried_on_a_fresh_one():
     peer = FakePeer([(GOOD, False), (b"", True), (GOOD, False), (b"", True)])
-    t = TcpTransport(timeout_s=10.0)
+    t = tcp(timeout_s=10.0)
     try:
         t.fetch_remote(peer.address, TIER, [slot_n(1)])
         # the pooled connection passes the idle check, then the peer drops it without a byte: asked again, anew
         assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)])[0].payload) == GOOD_PAYLOAD
         assert peer.accepted == 2
         t.close()
-        t = TcpTransport(timeout_s=10.0)
+        t = tcp(timeout_s=10.0)
         with pytest.raises(TransportError, match="closed the connection"):  # a fresh connection: no retry
             t.fetch_remote(peer.address, TIER, [slot_n(1)])
         assert peer.accepted == 3
@@ -213,13 +213,13 @@ def test_pooled_connection_closed_before_answering_is_retried_on_a_fresh_one():
 # --------------------------------------------------------------------------------------------- the server
 
 
-REQUEST = struct.pack(">4sBHI", b"NXKT", 1, 4, 1) + b"dram" + struct.pack(">H", 17) + slot_n(1)
+REQUEST = struct.pack(">4sBHI", b"NXKT", 2, 4, 1) + b"dram" + struct.pack(">H", 17) + slot_n(1)
 MALFORMED = {
     "bad magic": b"HTTP" + REQUEST[4:],
-    "bad version": REQUEST[:4] + b"\x02" + REQUEST[5:],
-    "tier too long": struct.pack(">4sBHI", b"NXKT", 1, 256, 0),
-    "too many slots": struct.pack(">4sBHI", b"NXKT", 1, 4, 65537) + b"dram",
-    "slot too long": struct.pack(">4sBHI", b"NXKT", 1, 4, 1) + b"dram" + struct.pack(">H", 1025),
+    "bad version": REQUEST[:4] + b"\x01" + REQUEST[5:],
+    "tier too long": struct.pack(">4sBHI", b"NXKT", 2, 256, 0),
+    "too many slots": struct.pack(">4sBHI", b"NXKT", 2, 4, 65537) + b"dram",
+    "slot too long": struct.pack(">4sBHI", b"NXKT", 2, 4, 1) + b"dram" + struct.pack(">H", 1025),
     "truncated": REQUEST[:-3],
 }
 
@@ -227,9 +227,9 @@ MALFORMED = {
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_request_closes_only_that_connection(case, store, server, client):
     payload = put(store, 1, 10)
-    host, port = server.address.rsplit(":", 1)
-    with structlog.testing.capture_logs() as logs, socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(REQUEST)  # a well-formed request first: answered
+    sock, session = authenticated(server.address)
+    with structlog.testing.capture_logs() as logs, sock as s:
+        s.sendall(session.seal(REQUEST))  # a well-formed request first: answered
         head = b""
         while len(head) < 13:
             head += s.recv(13 - len(head))
@@ -249,11 +249,11 @@ def test_malformed_request_closes_only_that_connection(case, store, server, clie
 def test_serve_once_close_idempotent_and_live_mapping(store):
     payload = put(store, 1, 10)
     tiers = {}
-    t = TcpTransport()
+    t = tcp()
     assert t.address is None
     address = t.serve(tiers)
     assert t.serve({}) == address == t.address and address.startswith("127.0.0.1:")
-    c = TcpTransport(timeout_s=10.0)
+    c = tcp(timeout_s=10.0)
     with pytest.raises(TransportError, match="no tier 'dram'"):
         c.fetch_remote(address, TIER, [slot_n(1)])
     tiers[TIER] = store  # added after serve(): served from the next request on
@@ -268,18 +268,18 @@ def test_serve_once_close_idempotent_and_live_mapping(store):
 
 
 def test_advertised_address():
-    t = TcpTransport(advertise="node-7.example:7461")
+    t = tcp(advertise="node-7.example:7461")
     assert t.serve({}) == "node-7.example:7461" == t.address
     t.close()
     with pytest.raises(ValueError, match="host:port"):
-        TcpTransport(advertise="node-7")
+        tcp(advertise="node-7")
 
 
 def test_plugin_registers_tcp():
     pm = PluginManager()
     assert pm.transports()["tcp"] is TcpTransport
     assert not [pr for pr in pm.problems if pr.plugin == "tcp"]
-    t = TcpTransport()
+    t = tcp()
     assert isinstance(t, Transport) and t.name == "tcp" and t.remote is True
     t.close()
 
@@ -319,7 +319,7 @@ def test_sixteen_threads_share_the_pool_without_cross_talk(store, server):
         reference[slot_n(i)] = put(store, i, (i * 997) % 20_000)
     missing = [slot_n(1000 + i) for i in range(8)]
     everything = list(reference) + missing
-    client = TcpTransport(timeout_s=30.0, connections=8)
+    client = tcp(timeout_s=30.0, connections=8)
     errors = []
     start = threading.Barrier(16)
 
@@ -352,9 +352,9 @@ def test_sixteen_threads_share_the_pool_without_cross_talk(store, server):
 @pytest.fixture(scope="module")
 def shared():
     store = DramStore(1 << 28, name=TIER)
-    server = TcpTransport()
+    server = tcp()
     server.serve({TIER: store})
-    client = TcpTransport(timeout_s=10.0)
+    client = tcp(timeout_s=10.0)
     yield store, server.address, client
     client.close()
     server.close()
@@ -378,3 +378,109 @@ def test_property_random_slot_sets_round_trip_exactly(shared, stored, asked):
             check(g, payload_of(i, stored[i]), slot_n(i))
         else:
             assert g is None
+
+
+# --------------------------------------------------------------------------------------------- zero trust
+
+
+def _drain(sock):
+    """Every byte the server sends until it closes the connection."""
+    got = b""
+    while chunk := sock.recv(1 << 16):
+        got += chunk
+    return got
+
+
+def test_a_process_without_the_peer_key_gets_nothing_not_even_whether_a_slot_exists(store, server):
+    """Issue 29, finding 1: a raw socket naming slots (listed from /dev/shm or a Redis index) is answered nothing."""
+    put(store, 1, 4096)
+    host, port = server.address.rsplit(":", 1)
+    from nexuskv_transport_tcp._wire import HELLO
+
+    for attempt in (REQUEST, b"\x00" * 16 + b"\x11" * 32 + REQUEST):  # a bare request; a made-up proof, then one
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(attempt)
+            got = _drain(s)
+        assert len(got) == HELLO.size and got[:4] == b"NXKA"  # the hello, then the connection closes: no answer
+    assert server.refused >= 1
+
+
+def test_a_peer_with_another_key_is_refused_both_ways(store, server):
+    put(store, 1, 64)
+    other = TcpTransport(timeout_s=10.0)
+    other.authenticate(bytes(32))
+    try:
+        with pytest.raises(TransportError, match=r"closed the connection|authentication failed"):
+            other.fetch_remote(server.address, TIER, [slot_n(1)])  # the server refuses it
+        impostor = TcpTransport()
+        impostor.authenticate(bytes(32))
+        address = impostor.serve({TIER: store})
+        honest = tcp(timeout_s=10.0)
+        with pytest.raises(TransportError, match=r"authentication failed.*another peer key"):
+            honest.fetch_remote(address, TIER, [slot_n(1)])
+        impostor.close()
+        with socket.create_server(("127.0.0.1", 0)) as listener:  # a server that skips the check and bluffs
+            from nexuskv_transport_tcp._wire import HELLO
+
+            def bluff():
+                conn, _ = listener.accept()
+                with conn:
+                    conn.sendall(HELLO.pack(b"NXKA", 2, bytes(16)))
+                    conn.recv(48)
+                    conn.sendall(bytes(32))  # a proof it cannot make
+                    conn.recv(1 << 16)
+
+            threading.Thread(target=bluff, daemon=True).start()
+            with pytest.raises(TransportError, match=r"authentication failed.*does not hold"):
+                honest.fetch_remote(f"127.0.0.1:{listener.getsockname()[1]}", TIER, [slot_n(1)])
+        honest.close()
+    finally:
+        other.close()
+
+
+def test_a_captured_request_replayed_is_refused(store, server):
+    payload = put(store, 1, 64)
+    sock, session = authenticated(server.address)
+    sealed = session.seal(REQUEST)
+    with sock as s:
+        s.sendall(sealed)
+        first = b""
+        while len(first) < 13:
+            first += s.recv(13 - len(first))
+        s.sendall(sealed)  # the same bytes again on this connection: its sequence number has moved on
+        rest = _drain(s)
+    assert first[0] == 1 and len(rest) == struct.unpack(">BIQ", first)[1] + len(payload)  # one answer only
+    other, _ = authenticated(server.address)
+    with other as s:  # and on another connection: another session key
+        s.sendall(sealed)
+        assert _drain(s) == b""
+    refused = server.refused
+    assert refused >= 2
+
+
+def test_a_transport_never_given_the_key_neither_serves_nor_fetches(store, server):
+    bare = TcpTransport()
+    with pytest.raises(RuntimeError, match="no peer key"):
+        bare.serve({TIER: store})
+    with pytest.raises(TransportError, match="no peer key"):
+        bare.fetch_remote(server.address, TIER, [slot_n(1)])
+    bare.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(junk=st.binary(max_size=2048), authed=st.booleans())
+def test_fuzzed_bytes_get_no_answer_and_never_stop_the_server(store, server, junk, authed):
+    """Whatever arrives (before or after the handshake), nothing but the hello comes back, and serving goes on."""
+    put(store, 1, 32)
+    from nexuskv_transport_tcp._wire import HELLO
+
+    if authed:
+        sock, _ = authenticated(server.address)
+    else:
+        host, port = server.address.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=10)
+    with sock as s:
+        s.sendall(junk)
+        s.shutdown(socket.SHUT_WR)
+        got = _drain(s)
+    assert got == b"" if authed else got[: HELLO.size][:4] == b"NXKA" and len(got) == HELLO.size
