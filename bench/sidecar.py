@@ -14,6 +14,9 @@ does not share this process's GIL; without rustc, a Python caller (`bench/_sidec
 2. Throughput: 4 connections planning flat out for 3 passes of 1,500 plans each; plans/s = answered plans / wall
    time, median over passes. Then, for scale only (no goal), one pass each with 1,024- and 256-token requests
    (their blocks held too), and where a 4k plan's time goes inside the server (parse and check vs plan).
+5. Isolation: while another tenant (its own token, another process) sends 50 MB plan bodies flat out on two
+   connections, one connection of this tenant plans the 4k request 2,000 times: its p99 under abuse, beside the
+   same pass without abuse, and what the abuser got (every answer counted by status).
 Plans the kernel answered by failing open (`fail-open: ...` reasons: a deadline passed under load) and calls the
 client answered itself (sidecar unreachable / timed out) are counted and printed, never timed and never counted
 as plans per second.
@@ -57,6 +60,30 @@ ROOT = Path(__file__).resolve().parents[1]
 RUST = ROOT / "plugins" / "nexuskv-sidecar" / "clients" / "rust" / "src" / "main.rs"
 PAGE = 16
 TOKEN = "bench-token"
+ABUSER = "abuser-token"
+ABUSE = r"""
+import http.client, sys, threading, time
+host, port, token = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+body = b'{"request_id": "x", "token_ids": [' + b"1," * (25 << 20) + b'1]}'  # about 50 MB
+done, counts, lock = threading.Event(), {}, threading.Lock()
+def flood():
+    while not done.is_set():
+        try:
+            conn = http.client.HTTPConnection(host, port, timeout=30)
+            conn.request("POST", "/v1/plan", body=body, headers={"Authorization": "Bearer " + token,
+                                                                  "Content-Type": "application/json"})
+            status = str(conn.getresponse().status)
+            conn.close()
+        except OSError as e:
+            status = type(e).__name__
+        with lock:
+            counts[status] = counts.get(status, 0) + 1
+threads = [threading.Thread(target=flood, daemon=True) for _ in range(2)]
+for t in threads: t.start()
+sys.stdin.read()  # until the bench closes it
+done.set()
+print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+"""
 rng = random.Random(7)
 LAYOUT = Layout(groups=[StateGroup(kind="dense", layers=4, kv_heads=2, head_dim=64)], page_size=PAGE)
 
@@ -128,7 +155,7 @@ def main() -> None:
         print(f"request: {len(req.token_ids)} tokens, {body.stat().st_size} bytes of JSON")
         client = build_client(tmp)
         print(f"client: {'rust' if 'bench' in client else 'python'}")
-        sc = Sidecar(SidecarConfig(port=0, tokens={digest(TOKEN): "chat"}), kernel=k)
+        sc = Sidecar(SidecarConfig(port=0, tokens={digest(TOKEN): "chat", digest(ABUSER): "rag"}), kernel=k)
         sc.start()
         try:
             load(client, sc.url, str(body), 1, 300)  # warm up
@@ -177,6 +204,30 @@ def main() -> None:
             for name, fn in parts.items():
                 print(f"  {name:48s} {min(_time(fn, 300) for _ in range(3)) * 1e3:.3f}")
             print("  the rest of a round trip is HTTP (uvicorn, httptools, uvloop) and the caller")
+            print("\n5. isolation: this tenant's 4k plans while another sends 50 MB plan bodies flat out")
+            quiet = load(client, sc.url, str(body), 1, 2000)
+            host, port = sc.url.removeprefix("http://").rsplit(":", 1)
+            abuser = subprocess.Popen([sys.executable, "-c", ABUSE, host, port, ABUSER], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
+            time.sleep(1.0)  # the flood is on before the first victim plan
+            try:
+                abused = load(client, sc.url, str(body), 1, 2000)
+            finally:
+                got_abuser, _ = abuser.communicate("", timeout=60)
+            print(f"  the abuser's answers: {got_abuser.strip() or 'none'}")
+            victim = abused["p99_ms"]
+            spin = subprocess.Popen([sys.executable, "-c", "import sys, threading\n"
+                                     "threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\n"
+                                     "sys.stdin.read()"], stdin=subprocess.PIPE)  # fmt: skip
+            try:  # the control: the same pass beside a process that only burns one core (no request at all)
+                busy = load(client, sc.url, str(body), 1, 2000)
+            finally:
+                spin.communicate(b"", timeout=60)
+            print(f"  without abuse: p50 {quiet['p50_ms']:.3f} p99 {quiet['p99_ms']:.3f} ms; under abuse: p50 "
+                  f"{abused['p50_ms']:.3f} p99 {victim:.3f} ms ({victim / quiet['p99_ms']:.2f}x); kernel fail-open "
+                  f"{abused['server_fail_open']:.0f}, client fail-open {abused['fail_open']:.0f}")  # fmt: skip
+            print(f"  control, beside a process burning one core and sending nothing: p50 {busy['p50_ms']:.3f} p99 "
+                  f"{busy['p99_ms']:.3f} ms ({os.cpu_count()} cores: the abuser's own CPU is this machine's)")
         finally:
             sc.close()
         p99, rate = statistics.median(p99s), statistics.median(rates)
@@ -185,6 +236,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     result("sidecar.plan_p99_ms_4k", p99, "<=", 2)
     result("sidecar.plans_per_s", rate, ">=", 2000)
+    result("sidecar.victim_plan_p99_ms_under_abuse", victim, "<=", 5)
 
 
 if __name__ == "__main__":

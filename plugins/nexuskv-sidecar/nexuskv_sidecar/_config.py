@@ -31,7 +31,8 @@ from nexuskv import ConfigError
 
 OPERATOR = "*"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_KEYS = {"kernel", "host", "port", "auth", "max_body_bytes"}
+_KEYS = {"kernel", "host", "port", "auth", "max_body_bytes", "max_plan_body_bytes", "max_tokens", "max_deadline_ms",
+         "tenant_concurrency"}
 
 
 def digest(token: str) -> bytes:
@@ -48,6 +49,10 @@ class SidecarConfig:
     port: int = 8470
     tokens: Mapping[bytes, str] = field(factory=dict)
     max_body_bytes: int = 64 << 20
+    max_plan_body_bytes: int = 4 << 20
+    max_tokens: int = 1 << 19
+    max_deadline_ms: float = 1000.0
+    tenant_concurrency: int = 2
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> SidecarConfig:
@@ -79,6 +84,16 @@ class SidecarConfig:
         max_body = _typed(data, "max_body_bytes", int, 64 << 20, origin)
         if max_body < 1024:
             raise ConfigError(f"{origin}: max_body_bytes: {max_body} is too small to take any request (at least 1024)")
+        limits = {
+            "max_plan_body_bytes": _typed(data, "max_plan_body_bytes", int, 4 << 20, origin),
+            "max_tokens": _typed(data, "max_tokens", int, 1 << 19, origin),
+            "max_deadline_ms": float(_typed(data, "max_deadline_ms", (int, float), 1000.0, origin)),
+            "tenant_concurrency": _typed(data, "tenant_concurrency", int, 2, origin),
+        }
+        for key, floor in (("max_plan_body_bytes", 1024), ("max_tokens", 1), ("max_deadline_ms", 0.001),
+                           ("tenant_concurrency", 1)):  # fmt: skip
+            if limits[key] < floor:
+                raise ConfigError(f"{origin}: {key}: {limits[key]} is below {floor}")
         auth = data.get("auth", {})
         if not isinstance(auth, Mapping):
             raise ConfigError(f"{origin}: auth: expected a table of tenant = [tokens], got {type(auth).__name__}")
@@ -92,13 +107,14 @@ class SidecarConfig:
                     raise ConfigError(f"{origin}: auth.{tenant}[{i}]: the same token already acts for {tokens[d]!r}")
                 tokens[d] = tenant
         kernel_path = str(base / kernel) if kernel and not Path(kernel).is_absolute() else kernel
-        return cls(kernel=kernel_path, host=host, port=port, tokens=tokens, max_body_bytes=max_body)
+        return cls(kernel=kernel_path, host=host, port=port, tokens=tokens, max_body_bytes=max_body, **limits)
 
 
-def _typed(data: Mapping[str, Any], key: str, tp: type, default: Any, origin: str) -> Any:
+def _typed(data: Mapping[str, Any], key: str, tp: type | tuple[type, ...], default: Any, origin: str) -> Any:
     value = data.get(key, default)
     if not isinstance(value, tp) or isinstance(value, bool):
-        raise ConfigError(f"{origin}: {key}: expected {tp.__name__}, got {type(value).__name__}")
+        want = " or ".join(t.__name__ for t in tp) if isinstance(tp, tuple) else tp.__name__
+        raise ConfigError(f"{origin}: {key}: expected {want}, got {type(value).__name__}")
     return value
 
 

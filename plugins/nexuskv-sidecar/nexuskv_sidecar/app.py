@@ -4,6 +4,10 @@ A plain ASGI application (served by uvicorn with httptools and uvloop; no framew
 dict lookup, and a framework's middleware layers cost about a fifth of a plan's round trip). Bodies are the
 kernel's contracts as JSON, checked against the published JSON Schemas (`schemas/*.v1.json`, `nexuskv.from_json`);
 `GET /v1/openapi.json` documents every operation.
+One tenant cannot stall another: a plan's body is parsed, checked and planned on the sidecar's thread pool, never
+on the event loop, at most `Limits.tenant_concurrency` at a time per token (more wait their turn without holding a
+thread), and plan and route bodies are capped (`Limits`: body bytes, token count, `slo.deadline_ms`), each a 413 or
+400 before any work.
 Every call but `/healthz` and the OpenAPI document carries `Authorization: Bearer <token>`; a token acts for one
 tenant (a request, plan or route of another tenant is refused with 403) or is the operator's (`*`: any tenant,
 status, metrics, every tenant's decisions). Deadlines and fail-open are the kernel's own: a plan is answered within
@@ -23,6 +27,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+from attrs import define
+
 from nexuskv import ContractError, Kernel, Plan, PlanAction, Request, from_json, get_logger, to_dict
 from nexuskv_sidecar import _codec
 from nexuskv_sidecar._codec import ApiError
@@ -30,7 +36,7 @@ from nexuskv_sidecar._config import OPERATOR, digest
 from nexuskv_sidecar._stream import Raw, Stream, Streams, count
 from nexuskv_sidecar.openapi import openapi
 
-__all__ = ["SidecarApp", "create_app"]
+__all__ = ["Limits", "SidecarApp", "create_app"]
 
 log = get_logger("nexuskv_sidecar")
 
@@ -50,16 +56,30 @@ class HttpRequest:
 
 
 Handler = Callable[[HttpRequest], Awaitable[Any]]
+
+
+@define(frozen=True)
+class Limits:
+    """What one plan or route call may ask of the sidecar: each is a clear 4xx past its bound."""
+
+    plan_body_bytes: int = 4 << 20  # a 4k-token request is about 26 KB; 4 MiB is about 500k tokens
+    tokens: int = 1 << 19
+    deadline_ms: float = 1000.0  # `slo.deadline_ms` above this is a 400: planning time is bounded by the operator
+    tenant_concurrency: int = 2  # plans of one token in flight on the pool at once; others wait on the loop
 PUBLIC = frozenset({"/healthz", "/v1/openapi.json"})  # the only paths served without a token
+_PLANNED = frozenset({"/v1/plan", "/v1/route"})  # bodies that are parsed and planned: `Limits.plan_body_bytes`
 
 
 class _Api:
     """The handlers, bound to one kernel and its token table."""
 
-    def __init__(self, kernel: Kernel, tokens: Mapping[bytes, str], max_body_bytes: int) -> None:
+    def __init__(self, kernel: Kernel, tokens: Mapping[bytes, str], max_body_bytes: int,
+                 limits: Limits | None = None) -> None:  # fmt: skip
         self.kernel = kernel
         self.tokens = dict(tokens)
         self.max_body_bytes = max_body_bytes
+        self.limits = limits or Limits()
+        self._turns: dict[str, asyncio.Semaphore] = {}  # per caller: plans in flight (loop thread only)
         self._seen: dict[str, str] = {}  # bearer token -> tenant, for tokens already checked (no hash per call)
         # the kernel's blocking calls (commit, materialize, report, status, metrics) run here, never on the loop
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="nexuskv-sidecar")
@@ -109,10 +129,39 @@ class _Api:
 
     # ------------------------------------------------------------------------------------------ operations
 
+    def body_limit(self, path: str) -> int:
+        """The largest body `path` takes."""
+        return min(self.limits.plan_body_bytes, self.max_body_bytes) if path in _PLANNED else self.max_body_bytes
+
+    def turn(self, caller: str) -> asyncio.Semaphore:
+        """The caller's turns on the pool (created on first use; loop thread only)."""
+        sem = self._turns.get(caller)
+        if sem is None:
+            if len(self._turns) >= 65536:  # callers are tokens, so few; a bound all the same
+                self._turns = {c: s for c, s in self._turns.items() if s.locked()}
+            sem = self._turns[caller] = asyncio.Semaphore(self.limits.tenant_concurrency)
+        return sem
+
+    def checked(self, req: Request) -> Request:
+        """`req` within the limits on tokens and `slo.deadline_ms` (a 400 naming the limit otherwise)."""
+        if len(req.token_ids) > self.limits.tokens:
+            raise ApiError(400, f"request: {len(req.token_ids)} tokens, over the limit of {self.limits.tokens}")
+        asked = req.slo.deadline_ms
+        if asked is not None and asked > self.limits.deadline_ms:
+            raise ApiError(400, f"request: slo.deadline_ms {asked:g} is over the limit of {self.limits.deadline_ms:g}")
+        return req
+
     async def plan(self, http: HttpRequest) -> Any:
-        """POST /v1/plan: a `Request` in, a `Plan` out (query `session` continues a session's key chain)."""
+        """POST /v1/plan: a `Request` in, a `Plan` out (query `session` continues a session's key chain).
+
+        Parsing, checking and planning run on the pool, in the caller's turn: never on the loop.
+        """
         if not http.body:
             raise ApiError(400, "empty body: expected a JSON object")
+        async with self.turn(http.caller):
+            return await self.run(self._plan, http)
+
+    def _plan(self, http: HttpRequest) -> Any:
         try:
             req: Request = from_json(Request, http.body)  # parsed and checked in one step: the hot path
         except ContractError as exc:
@@ -120,6 +169,7 @@ class _Api:
                 raise ApiError(400, f"body is {exc.problems[0][1]}") from None
             raise ApiError(400, f"invalid {exc.contract}", exc.problems) from None
         self.allow(http.caller, req.tenant)
+        self.checked(req)
         session = http.query_params.get("session") or None
         if session is not None:  # sessions are the tenant's own (length-prefixed: no two tenants' names collide)
             session = f"{len(req.tenant)}:{req.tenant}/{session}"
@@ -132,11 +182,14 @@ class _Api:
 
     async def route(self, http: HttpRequest) -> Any:
         """POST /v1/route: `{"request": Request, "nodes": [NodeState]}` in, a `RouteDecision` out."""
+        async with self.turn(http.caller):
+            return await self.run(self._route, http)
+
+    def _route(self, http: HttpRequest) -> Any:
         data = self.object_body(http, {"request", "nodes"})
-        req = self.tenant_request(http, data)
+        req = self.checked(self.tenant_request(http, data))
         nodes = _codec.nodes(_codec.field(data, "nodes"))
-        decision = self.kernel.route(req, nodes)
-        return to_dict(decision)
+        return to_dict(self.kernel.route(req, nodes))
 
     async def commit(self, http: HttpRequest) -> Any:
         """POST /v1/commit: `{"request": Request, "payloads": [{block, group, data}]}`; accepted and refused."""
@@ -291,9 +344,10 @@ class SidecarApp:
                 await _answer(send, exc.status, exc.body())
                 return
         size = headers.get("content-length", "")
-        limit = self.api.max_body_bytes
-        if size.isdigit() and int(size) > limit:
-            await _answer(send, 413, ApiError(413, f"body of {size} bytes is over the limit of {limit}").body())
+        limit = self.api.body_limit(path)
+        if size.isdigit() and int(size) > limit:  # refused unread, and the connection closed: its body is never read
+            await _answer(send, 413, ApiError(413, f"body of {size} bytes is over the limit of {limit}").body(),
+                          close=True)  # fmt: skip
             return
         chunks, got, more = [], 0, True
         while more:
@@ -303,7 +357,7 @@ class SidecarApp:
             chunk = message.get("body", b"")
             got += len(chunk)
             if got > limit:
-                await _answer(send, 413, ApiError(413, f"body over the limit of {limit} bytes").body())
+                await _answer(send, 413, ApiError(413, f"body over the limit of {limit} bytes").body(), close=True)
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
@@ -327,15 +381,18 @@ class SidecarApp:
 
 
 async def _answer(send: Callable[[dict[str, Any]], Awaitable[None]], status: int, body: bytes,
-                  content_type: bytes = b"application/json") -> None:  # fmt: skip
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
+                  content_type: bytes = b"application/json", close: bool = False) -> None:  # fmt: skip
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(kernel: Kernel, tokens: Mapping[bytes, str], *, max_body_bytes: int = 64 << 20) -> SidecarApp:
+def create_app(kernel: Kernel, tokens: Mapping[bytes, str], *, max_body_bytes: int = 64 << 20,
+               limits: Limits | None = None) -> SidecarApp:  # fmt: skip
     """The ASGI app serving `kernel`; `tokens` maps SHA-256 token digests to the tenant they act for."""
-    api = _Api(kernel, tokens, max_body_bytes)
+    api = _Api(kernel, tokens, max_body_bytes, limits)
     routes: dict[tuple[str, str], Handler] = {
         ("POST", "/v1/plan"): api.plan,
         ("POST", "/v1/route"): api.route,

@@ -15,7 +15,7 @@ import uvicorn
 
 from nexuskv import Kernel, KernelConfig, get_logger
 from nexuskv_sidecar._config import SidecarConfig
-from nexuskv_sidecar.app import create_app
+from nexuskv_sidecar.app import Limits, create_app
 
 __all__ = ["Sidecar"]
 
@@ -29,7 +29,10 @@ class Sidecar:
         self.config = config
         self.kernel = kernel or (Kernel.from_config(config.kernel) if config.kernel else Kernel(KernelConfig()))
         self._own_kernel = kernel is None
-        self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes)
+        self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes,
+                              limits=Limits(plan_body_bytes=config.max_plan_body_bytes, tokens=config.max_tokens,
+                                            deadline_ms=config.max_deadline_ms,
+                                            tenant_concurrency=config.tenant_concurrency))  # fmt: skip
         self._sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

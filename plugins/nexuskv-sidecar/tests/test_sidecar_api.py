@@ -334,3 +334,55 @@ def test_head_answers_like_get(sidecar):
     resp = conn.getresponse()
     assert resp.status == 200 and resp.read() == b"" and int(resp.getheader("content-length")) > 0
     conn.close()
+
+
+def test_plan_bodies_tokens_and_deadlines_are_capped_each_with_a_clear_4xx(kernel):
+    """Issue 29, finding 3: a 50 MB body and a deadline of hours were planned; each is now refused before any work."""
+    from nexuskv_sidecar import Sidecar, SidecarConfig, digest
+
+    cfg = SidecarConfig(port=0, tokens={digest(t): tenant for tenant, t in TOKENS.items()},
+                        max_plan_body_bytes=64 << 10, max_tokens=4096, max_deadline_ms=50.0)  # fmt: skip
+    with Sidecar(cfg, kernel=kernel) as sc:
+        status, body = call(sc.port, "POST", "/v1/plan", raw=b"x" * ((64 << 10) + 1))
+        assert status == 413 and "over the limit of 65536" in body["error"]
+        status, body = call(sc.port, "POST", "/v1/plan", to_dict(make_request(range(4097))))
+        assert status == 400 and "4097 tokens, over the limit of 4096" in body["error"]
+        slow = to_dict(make_request(range(64)))
+        slow["slo"] = {"deadline_ms": 3_600_000}
+        status, body = call(sc.port, "POST", "/v1/plan", slow)
+        assert status == 400 and "slo.deadline_ms 3.6e+06 is over the limit of 50" in body["error"]
+        status, body = call(sc.port, "POST", "/v1/route", {"request": slow, "nodes": [{"node": "n1"}]})
+        assert status == 400 and "over the limit of 50" in body["error"]
+        slow["slo"] = {"deadline_ms": 20}
+        assert call(sc.port, "POST", "/v1/plan", slow)[0] == 200  # within every limit: planned
+
+
+def test_one_tenants_slow_plans_never_hold_the_loop_for_another(kernel, monkeypatch):
+    """Plans run on the pool, a few per token at a time: a tenant whose plans hang cannot delay another's."""
+    from nexuskv_sidecar import Sidecar, SidecarConfig, digest
+
+    gate, real_plan = threading.Event(), kernel.plan
+
+    def plan(req, **kw):
+        if req.tenant == "rag":
+            gate.wait(30)  # this tenant's plans hang (a huge request, a slow plugin)
+        return real_plan(req, **kw)
+
+    monkeypatch.setattr(kernel, "plan", plan)
+    cfg = SidecarConfig(port=0, tokens={digest(t): tenant for tenant, t in TOKENS.items()}, tenant_concurrency=2)
+    with Sidecar(cfg, kernel=kernel) as sc:
+        stuck = [threading.Thread(target=call, args=(sc.port, "POST", "/v1/plan",
+                                                     to_dict(make_request(range(64), tenant="rag"))),
+                                  kwargs={"token": TOKENS["rag"]}, daemon=True) for _ in range(6)]  # fmt: skip
+        for t in stuck:
+            t.start()
+        time.sleep(0.2)
+        try:
+            for _ in range(5):  # answered while six of the other tenant's plans hang (two on the pool, four waiting)
+                status, body = call(sc.port, "POST", "/v1/plan", to_dict(make_request(range(64))))
+                assert status == 200 and body["tenant"] == "chat"
+            assert not gate.is_set()
+        finally:
+            gate.set()
+        for t in stuck:
+            t.join(30)
