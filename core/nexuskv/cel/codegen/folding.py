@@ -17,6 +17,7 @@ from nexuskv.cel.runtime import conversions, dynamic, stdlib
 from nexuskv.cel.runtime import core as rt
 from nexuskv.cel.runtime import overloads as std
 from nexuskv.cel.runtime.core import CelEvalError
+from nexuskv.cel.runtime.extensions import SIZE_LIMIT
 from nexuskv.cel.runtime.stdlib import type_value
 from nexuskv.cel.syntax.parser import CelTypeError, Node
 from nexuskv.cel.types import Env
@@ -77,6 +78,8 @@ def fold(n: Node, env: Env, source: str) -> Node:
     try:
         value = eval(code, runtime_globals(consts), {"A": {}})
     except CelEvalError as exc:
+        if SIZE_LIMIT in exc.message:  # a literal expression that would build a huge value: a located load error
+            raise CelTypeError(exc.message, n.line, n.col, source) from None
         if n.op == "call" and n.value in FOLD_AT_COMPILE and not any(m in exc.message for m in _RUN_TIME_ONLY):
             # malformed text is a mistake worth a load-time error; a value out of range is a run-time error
             raise CelTypeError(

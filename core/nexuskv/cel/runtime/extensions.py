@@ -57,8 +57,26 @@ _LOWER = {c: c + 32 for c in range(65, 91)}
 _UPPER = {c: c - 32 for c in range(97, 123)}
 
 
+MAX_STRING_CHARS = 1 << 20
+"""The longest string `replace`, `format` and `join` build (about 1 Mi characters); a longer one is an error,
+never a stall: checked before it is built."""
+SIZE_LIMIT = "over the size limit"
+MAX_PRECISION = 1000
+"""The largest precision of a `format` clause (`%.1000f`)."""
+
+
+def _bounded(size: int, what: str) -> None:
+    if size > MAX_STRING_CHARS:
+        err(f"{what}: a string of {size} characters, {SIZE_LIMIT} of {MAX_STRING_CHARS}")
+
+
 def replace(s: str, old: str, new: str, n: int = -1) -> str:
-    """`s.replace(old, new[, n])`: at most n replacements (all when n < 0)."""
+    """`s.replace(old, new[, n])`: at most n replacements (all when n < 0); the result is size-bounded."""
+    if len(new) > len(old):
+        count = len(s) + 1 if old == "" else s.count(old)
+        if n >= 0:
+            count = min(count, n)
+        _bounded(len(s) + count * (len(new) - len(old)), "replace()")
     return s.replace(old, new, n if n >= 0 else -1)
 
 
@@ -103,6 +121,7 @@ def join(items: Sequence[Any], sep: str = "") -> str:
     for item in items:
         if not isinstance(item, str):
             err(f"join(): list elements must be strings, got {kind(item)}")
+    _bounded(sum(map(len, items)) + len(sep) * max(len(items) - 1, 0), "join()")
     return sep.join(items)
 
 
@@ -121,7 +140,7 @@ _CLAUSE = re.compile(r"%(?:\.(\d+))?(.)?", re.S)
 def format_(fmt: str, args: Sequence[Any]) -> str:
     """`fmt.format(args)`: %s %d %f %e %b %o %x %X with optional precision, %% for a percent sign."""
     out: list[str] = []
-    pos = 0
+    pos = size = 0
     i = 0
     for m in _CLAUSE.finditer(fmt):
         out.append(fmt[pos : m.start()])
@@ -134,7 +153,11 @@ def format_(fmt: str, args: Sequence[Any]) -> str:
             err(f"could not parse formatting clause: unrecognized formatting clause {verb!r}")
         if i >= len(args):
             err(f"index {i} out of range")
+        if prec is not None and (len(prec) > 4 or int(prec) > MAX_PRECISION):
+            err(f"format(): precision {prec} is {SIZE_LIMIT} of {MAX_PRECISION}")
         out.append(_clause(verb, None if prec is None else int(prec), args[i]))
+        size += len(out[-1])
+        _bounded(size + len(fmt), "format()")
         i += 1
     out.append(fmt[pos:])
     return "".join(out)
