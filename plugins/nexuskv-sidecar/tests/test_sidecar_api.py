@@ -10,6 +10,8 @@ import time
 
 import pytest
 from _sidecar_helpers import TOKENS, call, commit_all, make_request
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nexuskv import Plan, PlanAction, checksum, from_dict, json_schema, to_dict
 from nexuskv_sidecar import openapi
@@ -386,3 +388,36 @@ def test_one_tenants_slow_plans_never_hold_the_loop_for_another(kernel, monkeypa
             gate.set()
         for t in stuck:
             t.join(30)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+    max_leaves=40,
+)
+_FIELDS = ("request_id", "tenant", "model", "tokenizer", "layout", "token_ids", "slo", "plan", "request", "report",
+           "nodes", "payloads", "scope", "cache_salt")  # fmt: skip
+
+
+def _dumps(value):
+    return json.dumps(value).encode()
+
+
+def _mutated_request(change):
+    """A valid request with one field set to anything (a plan body, and a route / commit body around it)."""
+    field, value = change
+    req = {**to_dict(make_request(range(64))), field: value}
+    return _dumps({"request": req, "nodes": [{"node": "n1"}], "payloads": []} if field in ("plan", "report") else req)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(["/v1/plan", "/v1/route", "/v1/commit", "/v1/materialize", "/v1/report"]),
+       body=st.one_of(st.binary(max_size=300), _JSON.map(_dumps),
+                      st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=6).map(_dumps),
+                      st.tuples(st.sampled_from(_FIELDS), _JSON).map(_mutated_request)))
+def test_fuzzed_bodies_get_a_clear_4xx_or_an_answer_never_a_500(sidecar, path, body):  # fmt: skip
+    """Issue 29, build 8: whatever a caller sends to any operation, the answer is a 2xx or a 4xx with a message."""
+    status, answer = call(sidecar.port, "POST", path, raw=body)
+    assert status in (200, 400, 403, 409, 413, 422), (status, answer)
+    if status != 200:
+        assert isinstance(answer, dict) and answer.get("error"), answer
