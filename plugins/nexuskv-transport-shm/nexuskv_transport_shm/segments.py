@@ -12,6 +12,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import struct
 import threading
 import time
@@ -198,15 +199,24 @@ _MAP_FLAGS = mmap.MAP_SHARED
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
+def ours(st: os.stat_result) -> bool:
+    """True for a regular file this user owns: a segment another user planted (or a FIFO, a device) is never read."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def map_segment(path: str, populate: bool = False) -> Mapped | None:
-    """Map a published segment read-only; None when absent, incomplete, truncated or not matching its CRC."""
+    """Map a published segment read-only, or None.
+
+    None when it is absent, not this user's own regular file (a symlink, another user's planted file), incomplete,
+    truncated or not matching its CRC.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, PermissionError):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if st.st_size < HEADER_SIZE:
+        if st.st_size < HEADER_SIZE or not ours(st):
             return None
         mm = mmap.mmap(fd, st.st_size, flags=_MAP_FLAGS | (_POPULATE if populate else 0), prot=mmap.PROT_READ)
     finally:
@@ -218,13 +228,18 @@ def map_segment(path: str, populate: bool = False) -> Mapped | None:
 
 
 def read_meta(path: str) -> tuple[Header, bytes, os.stat_result] | None:
-    """Header, descriptor bytes and stat of a published segment, without mapping it; None when not valid."""
+    """Header, descriptor bytes and stat of a published segment, without mapping it; None when not valid.
+
+    Valid as `map_segment` says: this user's own regular file, complete, matching its CRC.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, PermissionError):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
     try:
         st = os.fstat(fd)
+        if not ours(st):
+            return None
         head = os.pread(fd, HEADER_SIZE, 0)
         h = decode_header(head)
         if h is None or not h.complete or h.desc_len > st.st_size:

@@ -234,3 +234,23 @@ def test_a_chain_larger_than_the_store_keeps_its_prefix_whatever_the_priorities(
         for name in names:
             for f in ours(name):
                 (SHM / f).unlink(missing_ok=True)
+
+
+def test_a_segment_another_user_planted_or_a_symlink_is_never_read(store, ns):
+    """Issue 29, finding 2: segments planted in the shm directory by another uid were served after a restart."""
+    put(store, 1, size=1000)
+    good = SHM / segments.segment_name(ns, slot_n(1))
+    planted = SHM / segments.segment_name(ns, slot_n(2))
+    planted.write_bytes(good.read_bytes())  # a whole, valid segment (CRC and all)
+    link = SHM / segments.segment_name(ns, slot_n(3))
+    link.symlink_to(good)
+    try:
+        if os.geteuid() == 0:
+            os.chown(planted, 65534, 65534)  # another user's file
+            assert store.get(slot_n(2)) is None and ShmTransport().fetch(store, slot_n(2)) is None
+            assert slot_n(2) not in dict(store.descriptors())
+        assert store.get(slot_n(3)) is None and ShmTransport().fetch(store, slot_n(3)) is None  # never followed
+        assert store.get(slot_n(1)) is not None  # its own segment still reads
+    finally:
+        planted.unlink()
+        link.unlink()
