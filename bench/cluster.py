@@ -9,7 +9,9 @@
    and the time until no plan of a or b points at c is measured, beyond the lease TTL; node b is frozen past its
    lease, and writes with its old identity are attempted (and must be refused); etcd is killed for two TTLs and
    restarted; Redis is killed (losing everything) and restarted. 4. A real slow link (when this machine allows
-   network namespaces): `tc tbf` shapes a veth pair, and the decision must flip to recompute and back.
+   network namespaces): `tc tbf` shapes a veth pair, and the decision must flip to recompute and back. Every peer
+   link is authenticated (the peer key); step 2 runs again on a fresh cluster whose links are in mutual TLS
+   (certificates made with openssl), printed beside the goal's figure.
 
 Run: `.venv/bin/python bench/cluster.py` (about 3 minutes on a 2-core machine; needs etcd and redis-server, and
 root for step 4).
@@ -18,6 +20,7 @@ root for step 4).
 from __future__ import annotations
 
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -37,6 +40,7 @@ from nexuskv_tier_redis.cluster_testing import Cluster, NetNS, NodeError, shaped
 from nexuskv_transformers.calibrate import calibrate, save
 from nexuskv_transformers.connector import TransformersConnector
 from nexuskv_transformers.models import build_model
+from nexuskv_transport_tcp.testing import make_pki
 
 TTL = 1.0
 NODES = ("a", "b", "c")
@@ -218,6 +222,15 @@ def main() -> None:
         with Cluster(NODES, engine="reference", profile=profile, lease_ttl_s=TTL) as cluster:
             ratio, _ = remote_reuse(cluster, rng)
             fault = faults(cluster, rng)
+        tls = None
+        if shutil.which("openssl"):  # the same step with every peer link in mutual TLS (printed, no goal)
+            with Cluster(NODES, engine="reference", profile=profile, lease_ttl_s=TTL,
+                         tls=make_pki(tmp)) as cluster:  # fmt: skip
+                print("with mutual TLS on every peer link:")
+                tls, _ = remote_reuse(cluster, rng)
+            print(f"remote reuse over recompute: {ratio:.3f} authenticated, {tls:.3f} authenticated and in TLS")
+        else:
+            print("remote reuse in TLS: skipped (no openssl to make the test certificates)")
         why = NetNS.available()
         flip = 0
         if why:

@@ -32,7 +32,8 @@ def kernel_config(spec: dict[str, Any]) -> KernelConfig:
         "matcher": {"name": "redis", "url": spec["redis"], "poll_s": 0.05, "timeout_s": 0.5},
         "tiers": {"dram": {"store": "dram", "capacity_bytes": "1GiB"}},
         "transports": ["local", "tcp"],
-        "transport_options": {"tcp": {"host": spec.get("tcp_host", "127.0.0.1"), "timeout_s": 2.0}},
+        "transport_options": {"tcp": {"host": spec.get("tcp_host", "127.0.0.1"), "timeout_s": 2.0,
+                                      **spec.get("tls", {})}},
         "links": spec.get("links", {"measure": True, "min_samples": 3, "max_age_s": 2.0}),
         "promote_on_hit": spec.get("promote_on_hit", True),
     })  # fmt: skip

@@ -83,12 +83,13 @@ class Cluster:
 
     def __init__(self, nodes: Sequence[str] = ("a", "b", "c"), *, engine: str = "synthetic",
                  profile: str | None = None, lease_ttl_s: float = 1.0, host: str = "127.0.0.1",
-                 links: dict[str, Any] | None = None, start_timeout_s: float = 120.0) -> None:  # fmt: skip
+                 links: dict[str, Any] | None = None, start_timeout_s: float = 120.0,
+                 tls: dict[str, str] | None = None) -> None:  # fmt: skip
         from nexuskv_etcd.testing import EtcdServer
         from nexuskv_tier_redis.testing import RedisServer
 
         self.host, self.engine, self.profile, self.lease_ttl_s = host, engine, profile, lease_ttl_s
-        self.links, self.start_timeout_s = links, start_timeout_s
+        self.links, self.start_timeout_s, self.tls = links, start_timeout_s, tls
         self.etcd = EtcdServer(host=host)
         self.redis = RedisServer(host=host)
         self._authkey = os.urandom(16).hex()
@@ -111,6 +112,8 @@ class Cluster:
                 "harness_host": addr[0], "harness_port": addr[1], "authkey": self._authkey}  # fmt: skip
         if self.links is not None:
             spec["links"] = self.links
+        if self.tls is not None:  # the tcp transport's tls_cert / tls_key / tls_ca: every peer link in mutual TLS
+            spec["tls"] = self.tls
         spec.update(extra)
         return spec
 

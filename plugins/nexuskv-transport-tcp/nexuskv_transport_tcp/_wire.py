@@ -47,6 +47,7 @@ import hashlib
 import hmac
 import os
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Sequence
@@ -187,7 +188,7 @@ class Reader:
 def send_buffers(sock: socket.socket, buffers: Sequence[bytes | memoryview]) -> None:
     """Send every buffer, in order, without joining them: vectored `sendmsg` where the platform has it."""
     views = [v for v in (memoryview(b).cast("B") for b in buffers) if v.nbytes]
-    if not hasattr(sock, "sendmsg"):  # pragma: no cover - Windows
+    if isinstance(sock, ssl.SSLSocket) or not hasattr(sock, "sendmsg"):  # TLS has no sendmsg (nor Windows)
         for v in views:
             sock.sendall(v)
         return

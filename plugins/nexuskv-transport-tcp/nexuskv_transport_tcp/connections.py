@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
+import ssl
 import threading
 import time
 
@@ -105,6 +107,11 @@ class Pool:
 
 def _quiet(sock: socket.socket) -> bool:
     """True when nothing is waiting on an idle connection: no EOF, no bytes the peer sent unasked."""
+    if isinstance(sock, ssl.SSLSocket):  # no MSG_PEEK through TLS: readable at all means EOF or unasked bytes
+        try:
+            return not sock.pending() and not select.select([sock], [], [], 0)[0]
+        except (OSError, ValueError):
+            return False
     try:
         sock.settimeout(0.0)  # a non-blocking peek (the exchange sets its own timeout afterwards)
         sock.recv(1, socket.MSG_PEEK)
@@ -115,14 +122,23 @@ def _quiet(sock: socket.socket) -> bool:
     return False  # EOF, or bytes nobody asked for
 
 
-def connect(address: str, deadline: float, key: bytes) -> Conn:
-    """A fresh connection to `address`, both sides proven to hold `key` (OSError / ValueError / ProtocolError)."""
+def connect(address: str, deadline: float, key: bytes, tls: ssl.SSLContext | None = None) -> Conn:
+    """A fresh connection to `address` (in TLS with `tls`), both sides proven to hold `key`.
+
+    Raises OSError (ssl.SSLError included) / ValueError / ProtocolError.
+    """
     host, port = parse_address(address)
     left = deadline - time.monotonic()
     if left <= 0:
         raise TimeoutError("timed out")
     sock = socket.create_connection((host, port), timeout=left)
     nodelay(sock)
+    if tls is not None:
+        try:
+            sock = tls.wrap_socket(sock)
+        except BaseException:
+            sock.close()
+            raise
     conn = Conn(address, sock)
     conn.reader.deadline = deadline
     try:

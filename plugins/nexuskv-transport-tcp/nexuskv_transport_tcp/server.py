@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import socketserver
+import ssl
 import threading
 from collections.abc import Mapping
 
@@ -48,10 +49,17 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         nodelay(sock)
         peer = format_address(*self.client_address[:2]) if self.client_address else "?"
-        reader = Reader(sock)
         self.server.track(sock, True)
         try:
             sock.settimeout(HANDSHAKE_S)
+            if self.server.tls is not None:
+                try:
+                    sock = self.server.tls.wrap_socket(sock, server_side=True)
+                except (ssl.SSLError, OSError) as e:
+                    self.server.refused += 1
+                    log.warning("tcp_tls_refused", peer=peer, error=str(e))
+                    return
+            reader = Reader(sock)
             session = server_handshake(sock, reader, self.server.key)
             sock.settimeout(None)  # an authenticated peer's pooled connection may idle
             while not reader.at_eof():
@@ -78,10 +86,12 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     allow_reuse_address = True
     request_queue_size = 128  # many workers connect at once: a full backlog drops SYNs, retried only after seconds
 
-    def __init__(self, host: str, port: int, tiers: Mapping[str, TierStore], key: bytes) -> None:
+    def __init__(self, host: str, port: int, tiers: Mapping[str, TierStore], key: bytes,
+                 tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.tiers = tiers
         self.key = key
+        self.tls = tls
         self.refused = 0  # connections that failed to authenticate (or sent a request whose MAC failed)
         self.descriptors = DescriptorEncoder()
         self._conns: set[socket.socket] = set()

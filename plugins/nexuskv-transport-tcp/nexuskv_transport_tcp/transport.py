@@ -29,6 +29,7 @@ from nexuskv_transport_tcp._wire import (
 )
 from nexuskv_transport_tcp.connections import Conn, Pool, connect, format_address, parse_address
 from nexuskv_transport_tcp.server import Server
+from nexuskv_transport_tcp.tls import tls_contexts
 
 __all__ = ["TcpTransport", "TransportError"]
 
@@ -56,7 +57,8 @@ class TcpTransport:
     `serve(tiers)` answers peers' reads of this node's tiers from background daemon threads; `fetch_remote`
     reads many slots of a peer's tier in one pipelined round trip over a pooled connection (at most
     `connections` idle ones kept per address). `timeout_s` bounds a whole `fetch_remote` call;
-    `max_payload_bytes` bounds every payload and descriptor a peer may announce. Thread-safe.
+    `max_payload_bytes` bounds every payload and descriptor a peer may announce. `tls_cert`, `tls_key` and
+    `tls_ca` (all three, or none) wrap every connection in mutual TLS (`nexuskv_transport_tcp.tls`). Thread-safe.
     """
 
     name = "tcp"
@@ -70,6 +72,9 @@ class TcpTransport:
         timeout_s: float = 1.0,
         connections: int = 4,
         max_payload_bytes: int | str = 1 << 30,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_ca: str | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -85,6 +90,7 @@ class TcpTransport:
         self.timeout_s = float(timeout_s)
         self.connections = int(connections)
         self.max_payload_bytes = parse_bytes(max_payload_bytes)
+        self.tls = tls_contexts(tls_cert, tls_key, tls_ca)  # mutual TLS on every connection, when configured
         self._pool = Pool(self.connections)
         self._descriptors = DescriptorParser()
         self._lock = threading.Lock()
@@ -126,7 +132,7 @@ class TcpTransport:
                 return self._address
             if self._key is None:
                 raise RuntimeError("tcp transport: no peer key (the kernel calls authenticate(key) first)")
-            server = Server(self.host, self.port, tiers, self._key)
+            server = Server(self.host, self.port, tiers, self._key, self.tls.server if self.tls else None)
             port = server.server_address[1]
             thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                       name=f"nexuskv-tcp-{port}", daemon=True)  # fmt: skip
@@ -185,7 +191,7 @@ class TcpTransport:
             conn = self._pool.take(address)
             try:
                 if conn is None:
-                    conn = connect(address, deadline, self._key or b"")
+                    conn = connect(address, deadline, self._key or b"", self.tls.client if self.tls else None)
                 return self._exchange(conn, request, count, deadline)
             except BaseException as e:
                 if conn is not None:

@@ -1,0 +1,52 @@
+"""Mutual TLS on the TCP transport: payloads encrypted on the wire, nodes without the deployment CA's cert refused."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from _tcp_peer import TIER, put, slot_n, tcp
+
+from nexuskv_transport_tcp import TransportError
+from nexuskv_transport_tcp.testing import make_pki
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificates")
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pki")
+    return make_pki(tmp, "deployment"), make_pki(tmp, "stranger")
+
+
+def test_payloads_cross_in_tls_and_a_node_of_another_ca_or_none_is_refused(store, pki):
+    mine, stranger = pki
+    payload = put(store, 1, 70_000)
+    server = tcp(**mine)
+    address = server.serve({TIER: store})
+    ok, plain, foreign = tcp(timeout_s=10.0, **mine), tcp(timeout_s=0.5), tcp(timeout_s=10.0, **stranger)
+    try:
+        got = ok.fetch_remote(address, TIER, [slot_n(1), slot_n(2)])
+        assert bytes(got[0].payload) == payload and got[1] is None
+        assert bytes(ok.fetch_remote(address, TIER, [slot_n(1)])[0].payload) == payload  # a pooled TLS connection
+        assert ok.idle_connections(address) == 1
+        with pytest.raises(TransportError):  # speaks plain TCP to a TLS server: nothing but a failed handshake
+            plain.fetch_remote(address, TIER, [slot_n(1)])
+        with pytest.raises(TransportError):  # a certificate the deployment's CA did not sign
+            foreign.fetch_remote(address, TIER, [slot_n(1)])
+        deadline = time.monotonic() + 10  # the server counts a refusal once its side of the handshake gives up
+        while server.refused < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.refused >= 2
+    finally:
+        for t in (ok, plain, foreign, server):
+            t.close()
+
+
+def test_tls_options_come_together_or_not_at_all(pki):
+    mine, _ = pki
+    with pytest.raises(ValueError, match="tls_cert, tls_key and tls_ca together"):
+        tcp(tls_cert=mine["tls_cert"])
+    with pytest.raises(ValueError, match="no such file"):
+        tcp(**{**mine, "tls_ca": "/nonexistent.pem"})
