@@ -328,6 +328,21 @@ def test_hung_matcher_plugin_costs_the_deadline_not_more():
         k.close()
 
 
+def test_a_requests_deadline_never_exceeds_the_operators_maximum():
+    """Issue 29, finding 3: a request's `slo.deadline_ms` replaced the kernel's deadline with no upper bound."""
+    from nexuskv import DictIndex, Slo
+
+    k = Kernel(KernelConfig(node="n1", deadline_ms=20, max_deadline_ms=50),
+               plugins=matcher_plugin(lambda: SlowMatcher(DictIndex(), 5)), secret=SECRET)  # fmt: skip
+    try:
+        greedy = make_request(range(64), slo=Slo(deadline_ms=3_600_000))  # an hour, asked by a tenant
+        plan = k.plan(greedy)
+        assert plan.action == PlanAction.RECOMPUTE and "deadline 50 ms passed" in plan.reasons[0]
+        assert "deadline 30 ms passed" in k.plan(make_request(range(64), slo=Slo(deadline_ms=30))).reasons[0]
+    finally:
+        k.close()
+
+
 def test_a_hung_matcher_plugin_on_a_shared_scope_leaves_the_own_plan_standing():
     """The shared scope's match is bounded like the own one: the plan answers while the plugin still hangs."""
     from pathlib import Path

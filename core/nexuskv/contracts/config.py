@@ -4,7 +4,8 @@ Every key is optional; unknown keys and wrong types (a string where a list is ex
 naming the file and the key path. Relative paths in a file (policies, profile, secret file, decision file, shadow and
 rollout directories, tiers' path options: `path`, `shm_dir`, `*_dir`, `*_file`, `*_path`) are relative to the file.
 The planning deadline's default (1 ms) can be set for a whole deployment with `NEXUSKV_DEADLINE_MS`; a config
-file's `deadline_ms` and a request's `slo.deadline_ms` take precedence.
+file's `deadline_ms` and a request's `slo.deadline_ms` take precedence; a request's never above `max_deadline_ms`
+(1 s: a request comes from a tenant, and no tenant holds a plan for longer than the operator allows).
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class KernelConfig:
     metrics_host: str = "127.0.0.1"
     profile: str | None = None
     deadline_ms: float = field(factory=lambda: _env_float("NEXUSKV_DEADLINE_MS", 1.0))
+    # the most a request's `slo.deadline_ms` may ask for (a request comes from a tenant; planning time is bounded)
+    max_deadline_ms: float = field(default=1000.0, validator=attrs.validators.gt(0))
     load_timeout_ms: float = 200.0
     writer_max_bytes: int = 256 << 20
     writer_max_items: int = 4096

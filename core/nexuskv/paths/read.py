@@ -94,8 +94,9 @@ class ReadPath:
         `recompute` plan whose reasons say why.
         """
         t0 = time.perf_counter()
+        asked = request.slo.deadline_ms  # a tenant's word: never above the operator's `max_deadline_ms`
         budget = (deadline_ms if deadline_ms is not None else
-                  (request.slo.deadline_ms if request.slo.deadline_ms is not None else self.config.deadline_ms))
+                  (min(asked, self.config.max_deadline_ms) if asked is not None else self.config.deadline_ms))
         end = t0 + budget / 1e3  # every stage and every long loop checks it: the wall time is bounded
         decision_id = f"{random.getrandbits(64):016x}"  # no system call: it would hand the GIL away mid-plan
         stage = "start"
