@@ -21,7 +21,7 @@ import torch
 
 from _common import machine_speed, result
 from nexuskv import Kernel, configure_logging
-from nexuskv_transformers.calibrate import calibrate, plot, save
+from nexuskv_transformers.calibrate import calibrate, measurable, plot, save
 from nexuskv_transformers.connector import TransformersConnector
 from nexuskv_transformers.demo import SECRET, RunResult, demo_config, run_workload
 from nexuskv_transformers.models import build_model
@@ -41,7 +41,7 @@ def main() -> None:
     model = build_model("dense", size="demo")
     print(f"model {model.identity.name}: {model.kv_bytes_per_token()} bytes of KV per token, "
           f"{torch.get_num_threads()} torch threads")  # fmt: skip
-    with Kernel(demo_config(None), secret=SECRET) as k:
+    with measurable(demo_config(None)) as cfg, Kernel(cfg, secret=SECRET) as k:  # the remote tier is what it measures
         report = calibrate(TransformersConnector(k, model), quick=args.quick_calibration,
                            command="bench/e2e_reference.py")  # fmt: skip
     print(report.summary())
