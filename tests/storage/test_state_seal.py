@@ -82,3 +82,28 @@ def test_an_evicted_payload_whose_mac_fails_is_not_laundered_into_the_tier_below
     assert h.put(descriptor(h, b, b"b" * 100, "dram"), b"b" * 100)
     assert h.put(descriptor(h, c, b"c" * 100, "dram"), b"c" * 100)  # pushes something out of dram
     assert slot_of(a) not in h.tiers["dram"] and len(h.tiers["disk"]) == 0  # evicted, and never sealed below
+
+
+def test_another_groups_sealed_state_moved_into_this_slot_is_not_the_blocks(build):  # noqa: F811
+    """A hybrid block's group 1 (recurrent state) copied into group 0's slot carries a good MAC: never served."""
+    h = build({"dram": {"store": "dram"}})
+    k = keys(1)[0]
+    assert h.put(attrs.evolve(descriptor(h, k, b"ssm-state", "dram"), group=1), b"ssm-state")
+    sealed = h.tiers["dram"].get(slot_of(k, 1))
+    h.tiers["dram"].put(slot_of(k, 0), b"ssm-state", sealed.descriptor)  # a store writer moves it
+    h.index.insert(k, Location("dram", "n1", h.membership.epoch), 0b11)
+    assert h.load(k, 0) is None and bytes(h.load(k, 1).payload) == b"ssm-state"
+
+
+def test_a_mac_survives_json_whatever_number_types_the_writer_used():
+    """A Python caller's `2` reads back from JSON as `2.0`: the MAC must check in another process all the same."""
+    import json
+
+    from nexuskv import AdapterIdentity, ModelIdentity, StateDescriptor, from_dict, to_dict
+    from tests.storage.test_hierarchy import make_request
+
+    req = make_request(range(16), model=ModelIdentity("m", adapter=AdapterIdentity(name="lora", scale=2)))
+    d = attrs.evolve(_bare(req), model=req.model, nbytes=3, checksum=checksum(b"abc"))
+    sealed = StateSeal(SECRET).seal(d, b"abc")
+    back = from_dict(StateDescriptor, json.loads(json.dumps(to_dict(sealed))))
+    assert StateSeal(SECRET).check(back, b"abc")  # a fresh seal: nothing memoised from the writer

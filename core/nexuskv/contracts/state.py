@@ -183,7 +183,8 @@ class StateDescriptor:
     usage: Usage = field(factory=Usage, metadata=doc("Usage statistics."))
     mac: str = field(
         default="",
-        metadata=doc("Keyed MAC (BLAKE2b-128 with the deployment secret) over everything but `placement` and `usage`, "
+        metadata=doc("Keyed MAC (BLAKE3, 128 bits, keyed by the deployment secret) over the payload and everything but "
+                     "`placement` and `usage`, "
                      "set by the kernel when it stores the payload; empty before. A load refuses any other.",
                      pattern="^([0-9a-f]{32})?$"),
     )  # fmt: skip

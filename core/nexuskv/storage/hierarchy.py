@@ -39,15 +39,16 @@ _UNKNOWN_CHECKSUM = "unknown checksum algorithm"
 _UNSEALED = "no MAC"
 
 
-def _payload_problem(key: bytes, got: StoredState, seal: StateSeal) -> str:
-    """Why a payload read back for block `key` must not be used ("" when it may).
+def _payload_problem(key: bytes, group: int, got: StoredState, seal: StateSeal) -> str:
+    """Why a payload read back for block `key`, group `group`, must not be used ("" when it may).
 
-    Not the block's, a checksum this version cannot compute (`_UNKNOWN_CHECKSUM`: written by a newer one), no MAC
-    (`_UNSEALED`: written before stored state was sealed, or by something that is not a kernel of this deployment),
-    or a MAC that does not check (corrupt, or forged: the checksum tells which).
+    Not the block's (its key or its group: another group's sealed state moved into this slot), a checksum this
+    version cannot compute (`_UNKNOWN_CHECKSUM`: written by a newer one), no MAC (`_UNSEALED`: written before
+    stored state was sealed, or by something that is not a kernel of this deployment), or a MAC that does not check
+    (corrupt, or forged: the checksum tells which).
     """
     desc = got.descriptor
-    if desc.key != key.hex():
+    if desc.key != key.hex() or desc.group != group:
         return "not the block's"
     if not checksum_known(desc.checksum):
         return _UNKNOWN_CHECKSUM
@@ -310,7 +311,7 @@ class Hierarchy:
                                                       timeout_s=timeout_s)  # fmt: skip
         out: list[StoredState | None] = []
         for (key, group), st in zip(blocks, got, strict=True):
-            problem = "missing" if st is None else _payload_problem(key, st, self.seal)
+            problem = "missing" if st is None else _payload_problem(key, group, st, self.seal)
             if problem:
                 self.forget_peer(key, group, tier, node)
                 log.warning("peer state refused", node=node, tier=tier, key=key.hex(), group=group, why=problem)
@@ -339,7 +340,7 @@ class Hierarchy:
         one) or a descriptor with no MAC (written before state was sealed) is refused without deleting anything: the
         entry leaves this kernel's index, the payload stays for whoever can read it.
         """
-        problem = _payload_problem(key, got, self.seal)
+        problem = _payload_problem(key, group, got, self.seal)
         if problem in (_UNKNOWN_CHECKSUM, _UNSEALED):
             self._unindex(key, group, tier)
             log.warning("payload refused", why=problem, key=key.hex(), group=group, tier=tier,

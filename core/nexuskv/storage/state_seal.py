@@ -24,6 +24,7 @@ import hmac
 import json
 import os
 import struct
+from typing import Any
 
 import attrs
 import blake3
@@ -40,6 +41,17 @@ _THREADED = 1 << 20
 smaller ones, and every one on a smaller machine, on the caller's thread (on two busy cores, threads measured
 slower: bench/identity.py)."""
 _MANY_CORES = (os.cpu_count() or 1) >= 4
+
+
+def _numbers_as_floats(value: Any) -> Any:
+    """`value` with every int or float (not a bool) as a float, recursively."""
+    if isinstance(value, dict):
+        return {k: _numbers_as_floats(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_numbers_as_floats(v) for v in value]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def _nbytes(payload: bytes | bytearray | memoryview) -> int:
@@ -61,15 +73,19 @@ class StateSeal:
         """The key node-to-node transports authenticate peers with (another derivation of the same secret)."""
 
     def _identity(self, d: StateDescriptor) -> bytes:
-        """A digest of what blocks of one request share (memoised: thousands of blocks share one)."""
+        """A digest of what blocks of one request share (memoised: thousands of blocks share one).
+
+        Numbers are hashed as floats: a field a Python caller set to `2` reads back from JSON as `2.0` (and equal
+        values share one memo entry), so the digest must not tell them apart.
+        """
         memo = (d.namespace, d.model, d.tokenizer, d.layout, d.codec, d.tensors, d.schema_version)
         got = self._identities.get(memo)
         if got is None:
             shared = {"namespace": to_dict(d.namespace), "model": to_dict(d.model), "tokenizer": to_dict(d.tokenizer),
                       "layout": to_dict(d.layout), "codec": d.codec, "tensors": [to_dict(t) for t in d.tensors],
                       "schema_version": d.schema_version}  # fmt: skip
-            got = hashlib.blake2b(json.dumps(shared, sort_keys=True, separators=(",", ":")).encode(),
-                                  digest_size=32).digest()  # fmt: skip
+            got = hashlib.blake2b(json.dumps(_numbers_as_floats(shared), sort_keys=True, separators=(",", ":"))
+                                  .encode(), digest_size=32).digest()  # fmt: skip
             if len(self._identities) >= _MEMO:
                 self._identities.clear()
             self._identities[memo] = got
