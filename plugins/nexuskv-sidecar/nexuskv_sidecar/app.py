@@ -22,6 +22,7 @@ import base64
 import collections
 import concurrent.futures
 import functools
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -67,7 +68,7 @@ class Limits:
     deadline_ms: float = 1000.0  # `slo.deadline_ms` above this is a 400: planning time is bounded by the operator
     tenant_concurrency: int = 2  # plans of one token in flight on the pool at once; others wait on the loop
 PUBLIC = frozenset({"/healthz", "/v1/openapi.json"})  # the only paths served without a token
-_PLANNED = frozenset({"/v1/plan", "/v1/route"})  # bodies that are parsed and planned: `Limits.plan_body_bytes`
+_PLANNED = frozenset({"/v1/plan", "/v1/route", "/v1/materialize", "/v1/report"})  # `Limits.plan_body_bytes`
 
 
 class _Api:
@@ -84,7 +85,8 @@ class _Api:
         # the kernel's blocking calls (commit, materialize, report, status, metrics) run here, never on the loop
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="nexuskv-sidecar")
         self.streams = Streams()
-        self._reported: collections.OrderedDict[str, None] = collections.OrderedDict()  # decision ids (loop thread)
+        self._reported: collections.OrderedDict[str, None] = collections.OrderedDict()  # decision ids reported
+        self._reported_lock = threading.Lock()
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` on the sidecar's pool."""
@@ -151,6 +153,11 @@ class _Api:
             raise ApiError(400, f"request: slo.deadline_ms {asked:g} is over the limit of {self.limits.deadline_ms:g}")
         return req
 
+    async def in_turn(self, http: HttpRequest, fn: Callable[[HttpRequest], Any]) -> Any:
+        """`fn(http)` on the pool in the caller's turn: parsing, checking and the kernel's call, never on the loop."""
+        async with self.turn(http.caller):
+            return await self.run(fn, http)
+
     async def plan(self, http: HttpRequest) -> Any:
         """POST /v1/plan: a `Request` in, a `Plan` out (query `session` continues a session's key chain).
 
@@ -158,8 +165,7 @@ class _Api:
         """
         if not http.body:
             raise ApiError(400, "empty body: expected a JSON object")
-        async with self.turn(http.caller):
-            return await self.run(self._plan, http)
+        return await self.in_turn(http, self._plan)
 
     def _plan(self, http: HttpRequest) -> Any:
         try:
@@ -182,8 +188,7 @@ class _Api:
 
     async def route(self, http: HttpRequest) -> Any:
         """POST /v1/route: `{"request": Request, "nodes": [NodeState]}` in, a `RouteDecision` out."""
-        async with self.turn(http.caller):
-            return await self.run(self._route, http)
+        return await self.in_turn(http, self._route)
 
     def _route(self, http: HttpRequest) -> Any:
         data = self.object_body(http, {"request", "nodes"})
@@ -193,10 +198,13 @@ class _Api:
 
     async def commit(self, http: HttpRequest) -> Any:
         """POST /v1/commit: `{"request": Request, "payloads": [{block, group, data}]}`; accepted and refused."""
+        return await self.in_turn(http, self._commit)
+
+    def _commit(self, http: HttpRequest) -> Any:
         data = self.object_body(http, {"request", "payloads"})
-        req = self.tenant_request(http, data)
+        req = self.checked(self.tenant_request(http, data))
         payloads = _codec.payloads(_codec.field(data, "payloads"), req)
-        result = await self.run(self.kernel.commit, req, payloads)
+        result = self.kernel.commit(req, payloads)
         return {"accepted": result.accepted, "refused": result.refused}
 
     async def materialize(self, http: HttpRequest) -> Any:
@@ -205,12 +213,15 @@ class _Api:
         The answer is metadata (each loaded state's descriptor); with query `payloads=1` each state also carries
         its bytes in base64. Load problems are not errors: `tokens` says where to recompute from.
         """
+        return await self.in_turn(http, self._materialize)
+
+    def _materialize(self, http: HttpRequest) -> Any:
         data = self.object_body(http, {"plan", "request"})
         plan: Plan = _codec.contract(Plan, _codec.field(data, "plan"), "plan")
-        req = self.tenant_request(http, data)
+        req = self.checked(self.tenant_request(http, data))
         self.allow(http.caller, plan.tenant)
         with_payloads = http.query_params.get("payloads", "") in ("1", "true")
-        done = await self.run(self.kernel.materialize, plan, req)
+        done = self.kernel.materialize(plan, req)
         states = []
         for (block, group), state in sorted(done.states.items()):
             item: dict[str, Any] = {"block": block, "group": group, "descriptor": to_dict(state.descriptor)}
@@ -228,25 +239,28 @@ class _Api:
         (tenant, tokens, the owner's share grant now) and re-reads a block reported corrupt: it is quarantined only
         when the kernel's own checks reject it.
         """
+        return await self.in_turn(http, self._report)
+
+    def _report(self, http: HttpRequest) -> Any:
         data = self.object_body(http, {"plan", "report", "request"})
         plan: Plan = _codec.contract(Plan, _codec.field(data, "plan"), "plan")
         self.allow(http.caller, plan.tenant)
         if not self.kernel.plan_seal.check(plan):
             raise ApiError(403, "plan: its MAC does not check (not a plan this deployment made, or altered)")
         report = _codec.load_report(_codec.field(data, "report"), plan)
-        if plan.decision_id in self._reported:  # breakers are shared: one plan moves them once, however resent
-            raise ApiError(409, f"plan {plan.decision_id} was reported already")
         req = None
         if "request" in data:
-            req = self.tenant_request(http, data)
+            req = self.checked(self.tenant_request(http, data))
             if req.request_id != plan.request_id:
                 raise ApiError(400, "request: not the request the plan answers (request_id differs)")
-        self._reported[plan.decision_id] = None
-        while len(self._reported) > 100_000:
-            self._reported.popitem(last=False)
+        with self._reported_lock:  # breakers are shared: one plan moves them once, however resent
+            if plan.decision_id in self._reported:
+                raise ApiError(409, f"plan {plan.decision_id} was reported already")
+            self._reported[plan.decision_id] = None
+            while len(self._reported) > 100_000:
+                self._reported.popitem(last=False)
         # with its request, the kernel authorises the report as it would the load, and derives the plan's keys
-        start = await self.run(self.kernel.report_load_result, plan, report, request=req)
-        return {"recompute_from": start}
+        return {"recompute_from": self.kernel.report_load_result(plan, report, request=req)}
 
     async def status(self, http: HttpRequest) -> Any:
         """GET /v1/status: the kernel's status (operator only)."""
@@ -345,9 +359,10 @@ class SidecarApp:
                 return
         size = headers.get("content-length", "")
         limit = self.api.body_limit(path)
-        if size.isdigit() and int(size) > limit:  # refused unread, and the connection closed: its body is never read
+        if size.isdigit() and int(size) > limit:  # refused unread; far over the limit, the connection is closed too,
+            # so its body is never drained (a caller may then see a reset while still sending, not the 413)
             await _answer(send, 413, ApiError(413, f"body of {size} bytes is over the limit of {limit}").body(),
-                          close=True)  # fmt: skip
+                          close=int(size) > 2 * limit)  # fmt: skip
             return
         chunks, got, more = [], 0, True
         while more:

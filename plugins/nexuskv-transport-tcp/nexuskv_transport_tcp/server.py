@@ -50,23 +50,34 @@ class _Handler(socketserver.BaseRequestHandler):
         nodelay(sock)
         peer = format_address(*self.client_address[:2]) if self.client_address else "?"
         self.server.track(sock, True)
+        # The whole handshake (TLS, then the peer key's) has HANDSHAKE_S, however slowly its bytes trickle in:
+        # past it the connection is shut down under the reader.
+        current = [sock]  # what the timer shuts: the TLS socket once there is one
+        late = threading.Timer(HANDSHAKE_S, lambda: _shut(current[0]))
+        late.daemon = True
+        late.start()
         try:
             sock.settimeout(HANDSHAKE_S)
             if self.server.tls is not None:
+                self.server.track(sock, False)
+                sock = self.server.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                current[0] = sock
+                self.server.track(sock, True)  # the TLS socket owns the connection now: stop() ends that one
                 try:
-                    sock = self.server.tls.wrap_socket(sock, server_side=True)
+                    sock.do_handshake()
                 except (ssl.SSLError, OSError) as e:
-                    self.server.refused += 1
+                    self.server.refuse()
                     log.warning("tcp_tls_refused", peer=peer, error=str(e))
                     return
             reader = Reader(sock)
             session = server_handshake(sock, reader, self.server.key)
+            late.cancel()
             sock.settimeout(None)  # an authenticated peer's pooled connection may idle
             while not reader.at_eof():
                 tier, slots = read_sealed_request(reader, session)
                 self.server.answer(sock, tier, slots)
         except AuthenticationError as e:
-            self.server.refused += 1
+            self.server.refuse()
             log.warning("tcp_peer_refused", peer=peer, error=str(e))
         except ProtocolError as e:
             log.warning("tcp_malformed_request", peer=peer, error=str(e))
@@ -75,7 +86,13 @@ class _Handler(socketserver.BaseRequestHandler):
         except Exception:
             log.exception("tcp_server_failure", peer=peer)
         finally:
+            late.cancel()
             self.server.track(sock, False)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -93,10 +110,16 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.key = key
         self.tls = tls
         self.refused = 0  # connections that failed to authenticate (or sent a request whose MAC failed)
+        self._refused_lock = threading.Lock()
         self.descriptors = DescriptorEncoder()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
         super().__init__((host, port), _Handler)
+
+    def refuse(self) -> None:
+        """Count a refused connection (from any handler thread)."""
+        with self._refused_lock:
+            self.refused += 1
 
     def track(self, sock: socket.socket, live: bool) -> None:
         """Remember (or forget) an open connection, so `stop` can end it."""

@@ -39,6 +39,12 @@ def test_payloads_cross_in_tls_and_a_node_of_another_ca_or_none_is_refused(store
         while server.refused < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.refused >= 2
+        for t in (ok, plain, foreign):
+            t.close()
+        deadline = time.monotonic() + 10  # every connection, TLS or refused, leaves the server's tracking
+        while server._server._conns and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server._server._conns
     finally:
         for t in (ok, plain, foreign, server):
             t.close()

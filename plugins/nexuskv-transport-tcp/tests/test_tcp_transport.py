@@ -484,3 +484,36 @@ def test_fuzzed_bytes_get_no_answer_and_never_stop_the_server(store, server, jun
         s.shutdown(socket.SHUT_WR)
         got = _drain(s)
     assert got == b"" if authed else got[: HELLO.size][:4] == b"NXKA" and len(got) == HELLO.size
+
+
+def test_a_keyless_peer_trickling_its_handshake_is_cut_off_after_the_handshake_limit(store, server, monkeypatch):
+    """The limit is on the whole handshake, not each read: one byte every little while cannot hold a thread."""
+    import time
+
+    from nexuskv_transport_tcp import server as server_module
+
+    monkeypatch.setattr(server_module, "HANDSHAKE_S", 0.5)
+    t = tcp()  # a server started after the patch takes the short limit
+    address = t.serve({TIER: store})
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.recv(21)  # the hello
+        closed_at = None
+        for _ in range(40):  # 4 s of one byte every 0.1 s: each read alone is well inside the limit
+            try:
+                s.sendall(b"\x00")
+            except OSError:
+                closed_at = time.monotonic()
+                break
+            time.sleep(0.1)
+            s.settimeout(0.0)
+            try:
+                if s.recv(1) == b"":
+                    closed_at = time.monotonic()
+                    break
+            except BlockingIOError:
+                pass
+            finally:
+                s.settimeout(10)
+        assert closed_at is not None  # cut off: it did not get 4 s
+    t.close()
