@@ -210,16 +210,19 @@ class Router:
                 check(end, "pricing")
                 options.append(self._price(request, match, policy, ns, end))
         except DeadlinePassed as exc:
-            return self._fail_open(request, nodes, f"deadline {budget:g} ms passed in {exc.stage}")
+            return self._fail_open(request, nodes, f"deadline {budget:g} ms passed in {exc.stage}", budget)
         except Exception as exc:
             log.exception("routing failed", stage=stage, request_id=request.request_id)
-            return self._fail_open(request, nodes, f"{stage} failed: {type(exc).__name__}: {exc}")
+            return self._fail_open(request, nodes, f"{stage} failed: {type(exc).__name__}: {exc}", budget)
         return _choose(request, options)
 
-    def _excluded(self, request: Request, nodes: Sequence[NodeState]) -> dict[str, tuple[str, ...]] | None:
+    def _excluded(self, request: Request, nodes: Sequence[NodeState],
+                  until: float) -> dict[str, tuple[str, ...]] | None:  # fmt: skip
         """Nodes the tenant's route rules exclude, judged without a plan: fail-open keeps the restrictions.
 
-        None when the rules cannot be evaluated (then no node can be shown to be allowed).
+        None when the rules cannot be evaluated (then no node can be shown to be allowed). Judging stops at `until`
+        (a `time.perf_counter()` value; checked every 16 nodes, after the first 16): a node not judged by then is
+        excluded, never allowed unjudged.
         """
         try:
             policies = self._reads.policies
@@ -227,7 +230,10 @@ class Router:
             if policy is None or not policy.rules.get("route"):
                 return {}
             out = {}
-            for ns in nodes:
+            for i, ns in enumerate(nodes):
+                if i and i % 16 == 0 and time.perf_counter() > until:  # the first 16 are always judged
+                    out.update((n.node, ("not judged before the deadline",)) for n in nodes[i:] if n.node not in out)
+                    break
                 queue = _queue_ms(self._cost, ns)
                 target = _target(ns, queue, queue)
                 verdict = policy.evaluate("route", {"request": request, "node": ns.node, "target": target})
@@ -272,18 +278,31 @@ class Router:
                            weight, tuple(rules), tuple(messages), prefetch,
                            reads.prefetch_target if prefetch else "")  # fmt: skip
 
-    def _fail_open(self, request: Request, nodes: Sequence[NodeState], reason: str) -> RouteDecision:
-        """The least-loaded node the tenant's route rules allow; no node when they cannot be evaluated."""
-        excluded = self._excluded(request, nodes)
+    def _fail_open(self, request: Request, nodes: Sequence[NodeState], reason: str,
+                   budget_ms: float) -> RouteDecision:  # fmt: skip
+        """The least-loaded node the tenant's route rules allow; no node when they cannot be evaluated.
+
+        The rules get one more budget (the route's, at least 1 ms) to judge the nodes, the first 16 always: fail-open
+        is bounded too, and a node not judged in it is not chosen.
+        """
+        grace = max(budget_ms, 1.0) / 1e3
+        excluded = self._excluded(request, nodes, time.perf_counter() + grace)
         allowed = [n for n in nodes if excluded is not None and n.node not in excluded]
         if not allowed:
             why = "its route rules could not be evaluated" if excluded is None else "route rules excluded every node"
             return RouteDecision(request.request_id, request.tenant, None, (),
                                  (f"fail-open: {reason}; no node: {why}",), fail_open=True)  # fmt: skip
         node = min(allowed, key=lambda n: (_queue_ms(self._cost, n), n.running_decodes, n.node)).node
-        skipped = f" (excluded by route rules: {', '.join(sorted(excluded))})" if excluded else ""
+        skipped = f" (excluded by route rules: {_names(excluded)})" if excluded else ""
         return RouteDecision(request.request_id, request.tenant, node, (),
                              (f"fail-open: {reason}; least-loaded {node}{skipped}",), fail_open=True)  # fmt: skip
+
+
+def _names(excluded: dict[str, tuple[str, ...]], most: int = 8) -> str:
+    """The first `most` excluded node names, sorted, and how many more."""
+    names = sorted(excluded)
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def _target(ns: NodeState, queue: float, predicted: float, reused: int = 0, tier: str = "",
