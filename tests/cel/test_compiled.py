@@ -563,6 +563,17 @@ def test_output_size_is_bounded_so_a_policy_cannot_build_a_huge_string():
     chained = "'" + "a" * 64 + "'" + ".replace('a', 'aaaaaaaaaa')" * 7
     with pytest.raises(CelTypeError, match="over the size limit"):  # folded at load: a located error, at once
         compile_expr(chained, ENV)
+    import tracemalloc
+
+    nested = "[" + ", ".join(["s"] * 32) + "].map(i, [" + ", ".join(["s"] * 8) + "])"  # 51 M characters as text
+    tracemalloc.start()
+    try:
+        ev_error(f"'%s'.format([{nested}])", "format\\(\\): a string of .* over the size limit", s="y" * 200_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak  # counted before it is built: the 51 MB text never exists
+    assert ev("'%s'.format([ls])", ls=["a", "b"]) == "[a, b]"
     assert ev("'%.3f'.format([f])", f=1.5) == "1.500" and ev("s.replace('a', 'bb')", s="aa") == "bbbb"
 
 

@@ -174,6 +174,8 @@ def _special(x: float) -> str | None:
 def _clause(verb: str, prec: int | None, v: Any) -> str:
     k = kind(v)
     if verb == "s":
+        if k in ("list", "map"):  # a container's text is counted before it is built: nested lists multiply it
+            _bounded(_text_size(v), "format()")
         return _as_string(v)
     if verb == "d":
         if k in ("int", "uint"):
@@ -198,6 +200,21 @@ def _clause(verb: str, prec: int | None, v: Any) -> str:
     if verb == "o":
         err(f"error during formatting: octal clause can only be used on integers, was given {k}")
     err(f"error during formatting: only integers, byte buffers, and strings can be formatted as hex, was given {k}")
+
+
+def _text_size(v: Any, limit: int = MAX_STRING_CHARS) -> int:
+    """At least how long `_as_string(v)` is, counted without building it (stops once past `limit`)."""
+    k = kind(v)
+    if k in ("string", "bytes"):
+        return len(v)
+    if k not in ("list", "map"):
+        return 1  # a scalar's text is short
+    size = 2
+    for item in (v if k == "list" else (x for pair in v.items() for x in pair)):
+        size += 2 + _text_size(item, limit - size)
+        if size > limit:
+            break
+    return size
 
 
 def _as_string(v: Any) -> str:
