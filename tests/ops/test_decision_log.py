@@ -369,6 +369,13 @@ def test_a_decision_file_someone_else_could_read_or_that_blocks_is_refused(tmp_p
         with pytest.raises(ConfigError, match=why):  # the FIFO: refused, not blocked on a reader that never comes
             DecisionLog(PluginManager(entry_points=False), file=path, node="n1")
     assert target.read_text() == ""
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret")
+    linked = tmp_path / "linked.jsonl"
+    os.link(secret, linked)  # a hard link to another of this user's files, planted at the path
+    with pytest.raises(ConfigError, match="2 hard links"):
+        DecisionLog(PluginManager(entry_points=False), file=linked, node="n1")
+    assert secret.read_text() == "s3cret"
     foreign = tmp_path / "foreign.jsonl"
     foreign.write_text("")
     if os.geteuid() == 0:

@@ -153,7 +153,8 @@ def _private_append(path: str | os.PathLike[str]) -> IO[str]:
 
     It holds request ids, scopes and cache salts. A file that exists with wider permissions is narrowed to 0600,
     and the change is logged. A symlink, anything but a regular file (a FIFO would block the kernel) and a file
-    another user owns are refused with a `ConfigError`: the records never go where someone else can read them.
+    another user owns, or one with other hard links, are refused with a `ConfigError`: the records never go where
+    someone else can read them.
     """
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
@@ -167,6 +168,8 @@ def _private_append(path: str | os.PathLike[str]) -> IO[str]:
             raise ConfigError(f"decision file {os.fspath(path)!r}: not a regular file")
         if st.st_uid != os.geteuid():
             raise ConfigError(f"decision file {os.fspath(path)!r}: owned by uid {st.st_uid}, not this user")
+        if st.st_nlink > 1:  # a hard link planted at the path: the records would land in another of our files
+            raise ConfigError(f"decision file {os.fspath(path)!r}: it has {st.st_nlink} hard links")
         os.set_blocking(fd, True)
         mode = st.st_mode & 0o777
         if mode & 0o077:
