@@ -16,7 +16,10 @@ does not share this process's GIL; without rustc, a Python caller (`bench/_sidec
    (their blocks held too), and where a 4k plan's time goes inside the server (parse and check vs plan).
 5. Isolation: while another tenant (its own token, another process) sends 50 MB plan bodies flat out on two
    connections, one connection of this tenant plans the 4k request 2,000 times: its p99 under abuse, beside the
-   same pass without abuse, and what the abuser got (every answer counted by status).
+   same pass without abuse, and what the abuser got (every answer counted by status). After three refusals in ten
+   seconds the sidecar holds that token's next oversize connections, unread, before it answers them (at most
+   `oversize_holds_per_token`); printed beside it, with no goal, the same pass under a wider flood (three times
+   that many connections: the rest are refused and closed at once) and beside a process that only burns a core.
 Plans the kernel answered by failing open (`fail-open: ...` reasons: a deadline passed under load) and calls the
 client answered itself (sidecar unreachable / timed out) are counted and printed, never timed and never counted
 as plans per second.
@@ -63,7 +66,7 @@ TOKEN = "bench-token"
 ABUSER = "abuser-token"
 ABUSE = r"""
 import http.client, sys, threading, time
-host, port, token = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+host, port, token, width = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 body = b'{"request_id": "x", "token_ids": [' + b"1," * (25 << 20) + b'1]}'  # about 50 MB
 done, counts, lock = threading.Event(), {}, threading.Lock()
 def flood():
@@ -78,7 +81,7 @@ def flood():
             status = type(e).__name__
         with lock:
             counts[status] = counts.get(status, 0) + 1
-threads = [threading.Thread(target=flood, daemon=True) for _ in range(2)]
+threads = [threading.Thread(target=flood, daemon=True) for _ in range(width)]
 for t in threads: t.start()
 sys.stdin.read()  # until the bench closes it
 done.set()
@@ -123,6 +126,18 @@ def in_process(k: Kernel, req: Request, n: int) -> tuple[float, int]:
             fell += 1
     lat.sort()
     return lat[int(0.99 * len(lat))], fell
+
+
+def abuse(client: list[str], url: str, body: str, host: str, port: str, width: int) -> tuple[dict[str, float], str]:
+    """One victim pass of 2,000 plans while the abuser floods on `width` connections; and what the abuser got."""
+    abuser = subprocess.Popen([sys.executable, "-c", ABUSE, host, port, ABUSER, str(width)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.0)  # the flood is on before the first victim plan
+    try:
+        victim = load(client, url, body, 1, 2000)
+    finally:
+        got, _ = abuser.communicate("", timeout=60)
+    return victim, got.strip()
 
 
 def _time(fn, n: int) -> float:
@@ -207,15 +222,10 @@ def main() -> None:
             print("\n5. isolation: this tenant's 4k plans while another sends 50 MB plan bodies flat out")
             quiet = load(client, sc.url, str(body), 1, 2000)
             host, port = sc.url.removeprefix("http://").rsplit(":", 1)
-            abuser = subprocess.Popen([sys.executable, "-c", ABUSE, host, port, ABUSER], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
-            time.sleep(1.0)  # the flood is on before the first victim plan
-            try:
-                abused = load(client, sc.url, str(body), 1, 2000)
-            finally:
-                got_abuser, _ = abuser.communicate("", timeout=60)
-            print(f"  the abuser's answers: {got_abuser.strip() or 'none'}")
+            abused, got_abuser = abuse(client, sc.url, str(body), host, port, 2)
+            print(f"  the abuser's answers: {got_abuser or 'none'}")
             victim = abused["p99_ms"]
+            wide, got_wide = abuse(client, sc.url, str(body), host, port, 3 * sc.config.oversize_holds_per_token)
             spin = subprocess.Popen([sys.executable, "-c", "import sys, threading\n"
                                      "threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\n"
                                      "sys.stdin.read()"], stdin=subprocess.PIPE)  # fmt: skip
@@ -226,6 +236,10 @@ def main() -> None:
             print(f"  without abuse: p50 {quiet['p50_ms']:.3f} p99 {quiet['p99_ms']:.3f} ms; under abuse: p50 "
                   f"{abused['p50_ms']:.3f} p99 {victim:.3f} ms ({victim / quiet['p99_ms']:.2f}x); kernel fail-open "
                   f"{abused['server_fail_open']:.0f}, client fail-open {abused['fail_open']:.0f}")  # fmt: skip
+            print(f"  a wider flood, {3 * sc.config.oversize_holds_per_token} connections (past the "
+                  f"{sc.config.oversize_holds_per_token} held per token, the rest refused and closed at once): p50 "
+                  f"{wide['p50_ms']:.3f} p99 {wide['p99_ms']:.3f} ms; kernel fail-open {wide['server_fail_open']:.0f}, "
+                  f"client fail-open {wide['fail_open']:.0f}; the abuser's answers: {got_wide or 'none'}")
             print(f"  control, beside a process burning one core and sending nothing: p50 {busy['p50_ms']:.3f} p99 "
                   f"{busy['p99_ms']:.3f} ms ({os.cpu_count()} cores: the abuser's own CPU is this machine's)")
         finally:

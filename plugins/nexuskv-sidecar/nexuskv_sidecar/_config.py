@@ -32,7 +32,7 @@ from nexuskv import ConfigError
 OPERATOR = "*"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _KEYS = {"kernel", "host", "port", "auth", "max_body_bytes", "max_plan_body_bytes", "max_tokens", "max_deadline_ms",
-         "tenant_concurrency"}
+         "tenant_concurrency", "oversize_hold_s", "oversize_holds_per_token"}
 
 
 def digest(token: str) -> bytes:
@@ -53,6 +53,8 @@ class SidecarConfig:
     max_tokens: int = 1 << 19
     max_deadline_ms: float = 1000.0
     tenant_concurrency: int = 2
+    oversize_hold_s: float = 5.0
+    oversize_holds_per_token: int = 8
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> SidecarConfig:
@@ -89,9 +91,12 @@ class SidecarConfig:
             "max_tokens": _typed(data, "max_tokens", int, 1 << 19, origin),
             "max_deadline_ms": float(_typed(data, "max_deadline_ms", (int, float), 1000.0, origin)),
             "tenant_concurrency": _typed(data, "tenant_concurrency", int, 2, origin),
+            "oversize_hold_s": float(_typed(data, "oversize_hold_s", (int, float), 5.0, origin)),
+            "oversize_holds_per_token": _typed(data, "oversize_holds_per_token", int, 8, origin),
         }
         for key, floor in (("max_plan_body_bytes", 1024), ("max_tokens", 1), ("max_deadline_ms", 0.001),
-                           ("tenant_concurrency", 1)):  # fmt: skip
+                           ("tenant_concurrency", 1), ("oversize_hold_s", 0),
+                           ("oversize_holds_per_token", 0)):  # fmt: skip
             if limits[key] < floor:
                 raise ConfigError(f"{origin}: {key}: {limits[key]} is below {floor}")
         auth = data.get("auth", {})

@@ -34,6 +34,7 @@ from nexuskv import ContractError, Kernel, Plan, PlanAction, Request, from_json,
 from nexuskv_sidecar import _codec
 from nexuskv_sidecar._codec import ApiError
 from nexuskv_sidecar._config import OPERATOR, digest
+from nexuskv_sidecar._oversize import OversizeHolds
 from nexuskv_sidecar._stream import Raw, Stream, Streams, count
 from nexuskv_sidecar.openapi import openapi
 
@@ -67,6 +68,8 @@ class Limits:
     tokens: int = 1 << 19
     deadline_ms: float = 1000.0  # `slo.deadline_ms` above this is a 400: planning time is bounded by the operator
     tenant_concurrency: int = 2  # plans of one token in flight on the pool at once; others wait on the loop
+    oversize_hold_s: float = 5.0  # a token's repeated bodies far over the limit are held this long (0: never)
+    oversize_holds_per_token: int = 8  # connections held at once per token; more are closed at once
 PUBLIC = frozenset({"/healthz", "/v1/openapi.json"})  # the only paths served without a token
 _PLANNED = frozenset({"/v1/plan", "/v1/route", "/v1/materialize", "/v1/report"})  # `Limits.plan_body_bytes`
 
@@ -85,6 +88,7 @@ class _Api:
         # the kernel's blocking calls (commit, materialize, report, status, metrics) run here, never on the loop
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="nexuskv-sidecar")
         self.streams = Streams()
+        self.holds = OversizeHolds(self.limits.oversize_hold_s, self.limits.oversize_holds_per_token)
         self._reported: collections.OrderedDict[str, None] = collections.OrderedDict()  # decision ids reported
         self._reported_lock = threading.Lock()
 
@@ -330,12 +334,14 @@ class SidecarApp:
         self.paths = {path for _, path in self.routes}
 
     def close_streams(self) -> None:
-        """End every open decision stream (the server is stopping: it waits for open connections)."""
+        """End every open decision stream and held connection (the server is stopping: it waits for them)."""
         self.api.streams.stop()
+        self.api.holds.stop()
 
     def close(self) -> None:
         """End open decision streams and stop the pool of the kernel's blocking calls (after what runs)."""
         self.api.streams.stop()
+        self.api.holds.stop()
         self.api.pool.shutdown(wait=True, cancel_futures=True)
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
@@ -360,9 +366,13 @@ class SidecarApp:
         size = headers.get("content-length", "")
         limit = self.api.body_limit(path)
         if size.isdigit() and int(size) > limit:  # refused unread; far over the limit, the connection is closed too,
-            # so its body is never drained (a caller may then see a reset while still sending, not the 413)
+            # so its body is never drained (a caller may then see a reset while still sending, not the 413); a token
+            # that keeps doing it has its next such connections held first, unread (`_oversize`)
+            far = int(size) > 2 * limit
+            if far and self.api.holds.strike(caller):
+                await self.api.holds.hold(caller)
             await _answer(send, 413, ApiError(413, f"body of {size} bytes is over the limit of {limit}").body(),
-                          close=int(size) > 2 * limit)  # fmt: skip
+                          close=far)  # fmt: skip
             return
         chunks, got, more = [], 0, True
         while more:

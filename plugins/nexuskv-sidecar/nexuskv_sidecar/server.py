@@ -32,7 +32,9 @@ class Sidecar:
         self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes,
                               limits=Limits(plan_body_bytes=config.max_plan_body_bytes, tokens=config.max_tokens,
                                             deadline_ms=config.max_deadline_ms,
-                                            tenant_concurrency=config.tenant_concurrency))  # fmt: skip
+                                            tenant_concurrency=config.tenant_concurrency,
+                                            oversize_hold_s=config.oversize_hold_s,
+                                            oversize_holds_per_token=config.oversize_holds_per_token))  # fmt: skip
         self._sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
