@@ -163,6 +163,7 @@ class InProcessPeers:
     def __init__(self) -> None:
         self.peers: dict[str, Kernel] = {}
         self.fault = ""  # "", "down" (the peer cannot be reached) or "corrupt" (a payload changed on the way)
+        self.namespaces: list = []  # the namespace each fetch named
 
     def fetch(self, store, slot):
         return store.get(slot)
@@ -170,10 +171,12 @@ class InProcessPeers:
     def authenticate(self, key):  # in-process: every peer holds this process's key
         self.key = key
 
-    def fetch_remote(self, address, tier, slots, timeout_s=None):
+    def fetch_remote(self, address, tier, slots, timeout_s=None, *, namespace):
         if self.fault == "down":
             raise ConnectionError(f"{address}: connection refused")
+        self.namespaces.append(namespace)
         got = [self.peers[address].tiers[tier].get(s) for s in slots]
+        got = [g if g is None or g.descriptor.namespace == namespace else None for g in got]  # as tcp's server does
         if self.fault == "corrupt" and got and got[-1] is not None:
             got[-1] = attrs.evolve(got[-1], payload=b"x" + bytes(got[-1].payload)[1:])
         return got
@@ -210,12 +213,13 @@ def two_nodes(monkeypatch, req=None, policies=None):
 
 
 def test_a_peers_state_is_fetched_verified_measured_and_kept_here(monkeypatch):
-    a, b, _, req, keys, payloads = two_nodes(monkeypatch)
+    a, b, mover, req, keys, payloads = two_nodes(monkeypatch)
     with a, b:
         plan = a.plan(req, keys=keys)
         assert [(s.node, s.transport) for s in plan.spans] == [("n2", "tcp")]
         got = a.materialize(plan, req, keys=keys)
         assert got.complete and [bytes(got.states[(i, 0)].payload) for i in range(len(keys))] == payloads
+        assert mover.namespaces == [req.namespace]  # the fetch named the request's namespace (issue 29, build 1)
         assert a.links.snapshot()["peer:n2"]["samples"] == 1
         assert a.flush(10)
         assert all(a.index.get(k).mask_at("dram", "n1") for k in keys)  # promoted: the next plan reads here
@@ -257,6 +261,17 @@ def test_a_connector_reporting_a_peers_block_corrupt_blames_the_peer_link_not_a_
         held = a.index.get(keys[3])
         assert held is None or not held.mask_at("dram", "n2")  # n2's entry left this node's index
         assert b.tiers["dram"].get(slot_of(keys[3])) is not None  # and nothing was deleted on n2
+
+
+def test_a_peer_fetch_of_shared_state_names_the_owners_namespace_and_loads_it(monkeypatch):
+    docs = make_request(range(5000, 5000 + 16 * 8), tenant="rag", scope="docs", model=MODEL)
+    a, b, mover, _, _, payloads = two_nodes(monkeypatch, req=docs, policies=POLICIES)
+    with a, b:
+        question = make_request([*docs.token_ids, 1, 2, 3], tenant="chat", model=MODEL)
+        plan = a.plan(question)
+        got = a.materialize(plan, question)
+        assert got.complete and [bytes(got.states[(i, 0)].payload) for i in range(8)] == payloads
+        assert mover.namespaces == [Namespace("rag", "docs")]
 
 
 def test_a_reader_of_shared_state_cannot_make_this_node_forget_the_owners_state(monkeypatch):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from attrs import define
 
-from nexuskv.contracts import Plan, PlanAction, PlanSpan, Request
+from nexuskv.contracts import Namespace, Plan, PlanAction, PlanSpan, Request
 from nexuskv.contracts.config import KernelConfig
 from nexuskv.logs import get_logger
 from nexuskv.ops.counters import Buckets, Tally
@@ -116,7 +116,8 @@ class LoadPath:
             source = self._source(span)  # a peer's span is judged by the link to that peer, not by a tier here
             peer = source != span.tier
             if peer:  # the fetch itself gives up with the load: a hung peer must not hold loader threads
-                future = self._loader.submit(self._load_peer, keys, jobs, span, limit / 1e3)
+                future = self._loader.submit(self._load_peer, keys, jobs, span, limit / 1e3,
+                                             plan.namespace or request.namespace)  # fmt: skip
             else:
                 future = self._loader.submit(self._load_many, keys, jobs, span)
             try:
@@ -175,12 +176,12 @@ class LoadPath:
             self._transferred(tier if transport == "local" else transport, nbytes, time.perf_counter() - started)
         return got, None
 
-    def _load_peer(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], span: PlanSpan,
-                   timeout_s: float) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
+    def _load_peer(self, keys: Sequence[bytes], jobs: list[tuple[int, int]], span: PlanSpan, timeout_s: float,
+                   namespace: Namespace) -> tuple[_States, tuple[int, str] | None]:  # fmt: skip
         """A peer's span: every block in one pipelined fetch, timed as one sample of the link to that peer."""
         started = time.perf_counter()
         answers = self.hierarchy.load_peer(span.node, span.tier, span.transport, [(keys[b], g) for b, g in jobs],
-                                           timeout_s=timeout_s)  # fmt: skip
+                                           timeout_s=timeout_s, namespace=namespace)  # fmt: skip
         elapsed = time.perf_counter() - started
         got: _States = {}
         for (b, g), st in zip(jobs, answers, strict=True):

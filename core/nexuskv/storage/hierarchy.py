@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from nexuskv.cluster.membership import Membership
-from nexuskv.contracts import Layout, Placement, StateDescriptor
+from nexuskv.contracts import Layout, Namespace, Placement, StateDescriptor
 from nexuskv.contracts.checksums import CHECKSUMS, checksum_known, verify_checksum
 from nexuskv.contracts.config import KernelConfig
 from nexuskv.errors import ChecksumError, ConfigError
@@ -296,8 +296,11 @@ class Hierarchy:
         return None
 
     def load_peer(self, node: str, tier: str, transport: str, blocks: list[tuple[bytes, int]],
-                  timeout_s: float | None = None) -> list[StoredState | None]:  # fmt: skip
+                  timeout_s: float | None = None, *, namespace: Namespace) -> list[StoredState | None]:  # fmt: skip
         """Fetch (key, group) payloads held in `tier` on peer `node`, each checksum verified (None: not usable).
+
+        Every block is of `namespace` (the request's, or the owner's of a shared scope): the fetch names it, and
+        the peer serves nothing of another namespace.
 
         The peer's address is what it published to the control plane. A payload that is missing, not the
         block's or fails its checksum loses the peer's entry in this node's index (nothing is deleted on the
@@ -308,7 +311,7 @@ class Hierarchy:
         if not address:
             raise LookupError(f"node {node!r} has published no {transport} address")
         got = self.transports[transport].fetch_remote(address, tier, [slot_of(k, g) for k, g in blocks],  # type: ignore[attr-defined]
-                                                      timeout_s=timeout_s)  # fmt: skip
+                                                      timeout_s=timeout_s, namespace=namespace)  # fmt: skip
         out: list[StoredState | None] = []
         for (key, group), st in zip(blocks, got, strict=True):
             problem = "missing" if st is None else _payload_problem(key, group, st, self.seal)

@@ -16,13 +16,20 @@ that key over (its sequence number on the connection | the frame): a changed, re
 one from another connection, closes the connection unanswered. Answers carry no MAC: every payload and descriptor
 is verified by the reader's kernel against the deployment's keyed MAC of stored state (`StateSeal`).
 
+Every request names the namespace (tenant, scope, cache salt) its slots must be of, and the server answers a slot
+only when the descriptor it holds is of that namespace (otherwise a miss): the frame, MACed under the session key,
+is the fetch's capability. A bug, or a poisoned index entry, that asks a peer for a slot of another tenant's
+namespace gets nothing, even between nodes that hold the key.
+
 Request::
 
     magic      4 bytes   b"NXKT"
-    version    u8        2
+    version    u8        3
     tier_len   u16       <= 255
     count      u32       <= 65536
+    ns_len     u16       1 .. 1024
     tier       tier_len bytes (UTF-8 tier name)
+    namespace  ns_len bytes (UTF-8 JSON array: [tenant, scope, cache salt])
     count times:
         slot_len   u16   <= 1024
         slot       slot_len bytes
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import socket
 import ssl
@@ -57,6 +65,7 @@ __all__ = [
     "HIT",
     "MAGIC",
     "MAX_SLOT_BYTES",
+    "MAX_NAMESPACE_BYTES",
     "MAX_SLOTS",
     "MAX_TIER_BYTES",
     "MISS",
@@ -67,7 +76,9 @@ __all__ = [
     "PeerClosed",
     "ProtocolError",
     "Reader",
+    "decode_namespace",
     "encode_answer",
+    "encode_namespace",
     "encode_request",
     "read_answer_head",
     "read_request",
@@ -80,14 +91,14 @@ __all__ = [
 ]
 
 MAGIC = b"NXKT"
-VERSION = 2
+VERSION = 3
 HELLO_MAGIC = b"NXKA"
 NONCE_BYTES = 16
 PROOF_BYTES = 32
 FRAME_MAC_BYTES = 16
 HELLO = struct.Struct(f">4sB{NONCE_BYTES}s")
 SEQ = struct.Struct(">Q")
-REQUEST_HEAD = struct.Struct(">4sBHI")  # magic, version, tier length, slot count
+REQUEST_HEAD = struct.Struct(">4sBHIH")  # magic, version, tier length, slot count, namespace length
 SLOT_LEN = struct.Struct(">H")
 ANSWER_HEAD = struct.Struct(">BIQ")  # status, descriptor length, payload length
 
@@ -97,6 +108,7 @@ STATUSES = frozenset((MISS, HIT, UNKNOWN_TIER, SERVER_ERROR))
 MAX_TIER_BYTES = 255
 MAX_SLOT_BYTES = 1024
 MAX_SLOTS = 65536
+MAX_NAMESPACE_BYTES = 1024
 
 _BUFFER = 64 << 10  # read-ahead buffer of small fields
 _IOV_MAX = 512  # buffers per sendmsg call (Linux allows 1024)
@@ -205,18 +217,34 @@ def send_buffers(sock: socket.socket, buffers: Sequence[bytes | memoryview]) -> 
                 sent = 0
 
 
-def encode_request(tier: bytes, slots: Sequence[bytes]) -> bytes:
-    """One request frame for `slots` of `tier` (the caller checks the bounds)."""
-    parts = [REQUEST_HEAD.pack(MAGIC, VERSION, len(tier), len(slots)), tier]
+def encode_namespace(tenant: str, scope: str, cache_salt: str) -> bytes:
+    """The namespace field of a request: a JSON array, so no separator can be smuggled through a name."""
+    return json.dumps([tenant, scope, cache_salt], separators=(",", ":")).encode()
+
+
+def decode_namespace(raw: bytes) -> tuple[str, str, str]:
+    """(tenant, scope, cache salt) of a request's namespace field; `ProtocolError` unless it is three strings."""
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise ProtocolError("the request's namespace is not JSON") from e
+    if not (isinstance(value, list) and len(value) == 3 and all(isinstance(v, str) for v in value)):
+        raise ProtocolError("the request's namespace is not [tenant, scope, cache salt]")
+    return value[0], value[1], value[2]
+
+
+def encode_request(tier: bytes, slots: Sequence[bytes], namespace: bytes) -> bytes:
+    """One request frame for `slots` of `tier`, all of `namespace` (the caller checks the bounds)."""
+    parts = [REQUEST_HEAD.pack(MAGIC, VERSION, len(tier), len(slots), len(namespace)), tier, namespace]
     for slot in slots:
         parts.append(SLOT_LEN.pack(len(slot)))
         parts.append(slot)
     return b"".join(parts)
 
 
-def read_request(reader: Reader) -> tuple[str, list[bytes]]:
-    """Read one request frame: (tier name, slots). Raises `ProtocolError` on anything out of bounds."""
-    magic, version, tier_len, count = REQUEST_HEAD.unpack(reader.exact(REQUEST_HEAD.size))
+def read_request(reader: Reader) -> tuple[str, bytes, list[bytes]]:
+    """Read one request frame: (tier name, namespace field, slots). `ProtocolError` on anything out of bounds."""
+    magic, version, tier_len, count, ns_len = REQUEST_HEAD.unpack(reader.exact(REQUEST_HEAD.size))
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {bytes(magic)!r}")
     if version != VERSION:
@@ -225,24 +253,30 @@ def read_request(reader: Reader) -> tuple[str, list[bytes]]:
         raise ProtocolError(f"tier name of {tier_len} bytes (at most {MAX_TIER_BYTES})")
     if count > MAX_SLOTS:
         raise ProtocolError(f"{count} slots in one request (at most {MAX_SLOTS})")
+    if not 0 < ns_len <= MAX_NAMESPACE_BYTES:
+        raise ProtocolError(f"namespace of {ns_len} bytes (a request names one, of at most {MAX_NAMESPACE_BYTES})")
     try:
         tier = bytes(reader.exact(tier_len)).decode()
     except UnicodeDecodeError as e:
         raise ProtocolError("tier name is not UTF-8") from e
+    namespace = bytes(reader.exact(ns_len))
     slots = []
     for _ in range(count):
         (size,) = SLOT_LEN.unpack(reader.exact(SLOT_LEN.size))
         if size > MAX_SLOT_BYTES:
             raise ProtocolError(f"slot of {size} bytes (at most {MAX_SLOT_BYTES})")
         slots.append(bytes(reader.exact(size)))
-    return tier, slots
+    return tier, namespace, slots
 
 
-def read_sealed_request(reader: Reader, session: Session) -> tuple[str, list[bytes]]:
-    """`read_request`, then the frame's MAC, checked: `AuthenticationError` unless it is the session's next one."""
-    tier, slots = read_request(reader)
-    session.check(encode_request(tier.encode(), slots), reader.exact(FRAME_MAC_BYTES))
-    return tier, slots
+def read_sealed_request(reader: Reader, session: Session) -> tuple[str, tuple[str, str, str], list[bytes]]:
+    """`read_request`, then the frame's MAC, checked; the namespace is decoded only once the MAC checks.
+
+    Raises `AuthenticationError` unless the MAC is the session's next one.
+    """
+    tier, namespace, slots = read_request(reader)
+    session.check(encode_request(tier.encode(), slots, namespace), reader.exact(FRAME_MAC_BYTES))
+    return tier, decode_namespace(namespace), slots
 
 
 def encode_answer(status: int, descriptor: bytes = b"", payload_len: int = 0) -> bytes:

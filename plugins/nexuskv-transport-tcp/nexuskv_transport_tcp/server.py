@@ -74,8 +74,8 @@ class _Handler(socketserver.BaseRequestHandler):
             late.cancel()
             sock.settimeout(None)  # an authenticated peer's pooled connection may idle
             while not reader.at_eof():
-                tier, slots = read_sealed_request(reader, session)
-                self.server.answer(sock, tier, slots)
+                tier, namespace, slots = read_sealed_request(reader, session)
+                self.server.answer(sock, tier, namespace, slots)
         except AuthenticationError as e:
             self.server.refuse()
             log.warning("tcp_peer_refused", peer=peer, error=str(e))
@@ -110,6 +110,7 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.key = key
         self.tls = tls
         self.refused = 0  # connections that failed to authenticate (or sent a request whose MAC failed)
+        self.outside = 0  # slots held, but of another namespace than the request named: answered as misses
         self._refused_lock = threading.Lock()
         self.descriptors = DescriptorEncoder()
         self._conns: set[socket.socket] = set()
@@ -121,6 +122,12 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         with self._refused_lock:
             self.refused += 1
 
+    def outside_namespace(self, tier: str, slot: bytes) -> None:
+        """Count (and log) a slot asked for under another namespace than its state's (from any handler thread)."""
+        with self._refused_lock:
+            self.outside += 1
+        log.warning("tcp_slot_outside_namespace", tier=tier, slot=slot.hex())
+
     def track(self, sock: socket.socket, live: bool) -> None:
         """Remember (or forget) an open connection, so `stop` can end it."""
         with self._conns_lock:
@@ -129,8 +136,8 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
             else:
                 self._conns.discard(sock)
 
-    def answer(self, sock: socket.socket, tier: str, slots: list[bytes]) -> None:
-        """Send one answer per slot, batching small ones into vectored sends."""
+    def answer(self, sock: socket.socket, tier: str, namespace: tuple[str, str, str], slots: list[bytes]) -> None:
+        """Send one answer per slot, batching small ones into vectored sends; only `namespace`'s state is served."""
         store = self.tiers.get(tier)
         pending: list[bytes | memoryview] = []
         size = 0
@@ -138,7 +145,7 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
             if store is None:
                 pending.append(encode_answer(UNKNOWN_TIER))
             else:
-                head, payload = _answer_slot(store, tier, slot, self.descriptors)
+                head, payload = _answer_slot(store, tier, slot, namespace, self)
                 pending.append(head)
                 size += len(head)
                 if payload is not None:
@@ -159,15 +166,22 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
                 sock.shutdown(socket.SHUT_RDWR)
 
 
-def _answer_slot(store: TierStore, tier: str, slot: bytes,
-                 encoder: DescriptorEncoder) -> tuple[bytes, memoryview | None]:  # fmt: skip
-    """(answer head + descriptor, payload view or None) of one slot; a store failure is a server-error answer."""
+def _answer_slot(store: TierStore, tier: str, slot: bytes, namespace: tuple[str, str, str],
+                 server: Server) -> tuple[bytes, memoryview | None]:  # fmt: skip
+    """(answer head + descriptor, payload view or None) of one slot; a store failure is a server-error answer.
+
+    State of another namespace than the request names is answered as a miss: nothing of it leaves this node.
+    """
     try:
         got = store.get(slot)
         if got is None:
             return encode_answer(MISS), None
+        ns = got.descriptor.namespace
+        if (ns.tenant, ns.scope, ns.cache_salt) != namespace:
+            server.outside_namespace(tier, slot)
+            return encode_answer(MISS), None
         payload = memoryview(got.payload).cast("B")
-        descriptor = encoder.encode(got.descriptor)
+        descriptor = server.descriptors.encode(got.descriptor)
     except Exception as e:
         log.exception("tcp_store_read_failed", tier=tier, slot=slot.hex())
         return encode_answer(SERVER_ERROR, f"{type(e).__name__}: {e}".encode()[:4096]), None

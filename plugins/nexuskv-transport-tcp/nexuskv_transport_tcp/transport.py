@@ -13,9 +13,10 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from nexuskv import DescriptorParser, StateDescriptor, StoredState, TierStore, get_logger, parse_bytes
+from nexuskv import DescriptorParser, Namespace, StateDescriptor, StoredState, TierStore, get_logger, parse_bytes
 from nexuskv_transport_tcp._wire import (
     HIT,
+    MAX_NAMESPACE_BYTES,
     MAX_SLOT_BYTES,
     MAX_SLOTS,
     MAX_TIER_BYTES,
@@ -24,6 +25,7 @@ from nexuskv_transport_tcp._wire import (
     AuthenticationError,
     PeerClosed,
     ProtocolError,
+    encode_namespace,
     encode_request,
     read_answer_head,
 )
@@ -151,9 +153,13 @@ class TcpTransport:
 
     # ----------------------------------------------------------------------------------------- remote reads
 
-    def fetch_remote(self, address: str, tier: str, slots: Sequence[bytes],
-                     timeout_s: float | None = None) -> list[StoredState | None]:  # fmt: skip
+    def fetch_remote(self, address: str, tier: str, slots: Sequence[bytes], timeout_s: float | None = None, *,
+                     namespace: Namespace) -> list[StoredState | None]:  # fmt: skip
         """Read `slots` of `tier` on the peer at `address`: one answer per slot, None where the peer misses.
+
+        Every slot must be of `namespace` (the request's, or the owner's for a shared scope): the peer serves a
+        slot whose state is of another namespace as a miss, and a descriptor of another namespace that comes
+        back anyway (a peer of an older or broken build) is a miss here too.
 
         All requests go out before any answer is read (one round trip; more only beyond 65536 slots).
         `timeout_s` (default the constructor's) bounds the whole call. Raises `TransportError` when the peer
@@ -173,11 +179,18 @@ class TcpTransport:
             raise TransportError(f"tcp peer {address}: no peer key (the kernel calls authenticate(key) first)")
         limit = self.timeout_s if timeout_s is None else float(timeout_s)
         deadline = time.monotonic() + limit
+        ns = encode_namespace(namespace.tenant, namespace.scope, namespace.cache_salt)
+        if len(ns) > MAX_NAMESPACE_BYTES:
+            raise ValueError(f"namespace of {len(ns)} bytes (at most {MAX_NAMESPACE_BYTES})")
         out: list[StoredState | None] = []
         for start in range(0, len(slots), MAX_SLOTS):
             chunk = slots[start : start + MAX_SLOTS]
-            out.extend(self._round_trip(address, tier, encode_request(tier_bytes, chunk), len(chunk), deadline,
+            out.extend(self._round_trip(address, tier, encode_request(tier_bytes, chunk, ns), len(chunk), deadline,
                                         limit))  # fmt: skip
+        for i, got in enumerate(out):
+            if got is not None and got.descriptor.namespace != namespace:
+                log.warning("tcp_answer_outside_namespace", peer=address, tier=tier, slot=slots[i].hex())
+                out[i] = None
         return out
 
     def _round_trip(self, address: str, tier: str, request: bytes, count: int, deadline: float,

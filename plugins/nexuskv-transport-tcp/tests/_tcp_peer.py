@@ -30,6 +30,8 @@ from nexuskv import (
 )
 
 TIER = "dram"
+NS = Namespace("acme")
+"""The namespace of every test descriptor (what each fetch names)."""
 PEER_KEY = bytes(range(100, 132))
 """The peer key every transport of these tests holds (a kernel derives its own from the deployment secret)."""
 
@@ -55,7 +57,7 @@ def authenticated(address: str, key: bytes = PEER_KEY, timeout: float = 10.0):  
 def descriptor(slot: bytes, payload: bytes | memoryview, tier: str = TIER) -> StateDescriptor:
     """A minimal valid descriptor of `payload` stored at `slot`."""
     return StateDescriptor(
-        key=slot[:-1].hex(), namespace=Namespace("acme"), model=ModelIdentity(name="m"),
+        key=slot[:-1].hex(), namespace=NS, model=ModelIdentity(name="m"),
         tokenizer=TokenizerIdentity(name="t"), layout=Layout(groups=[StateGroup(kind="dense", layers=1)]),
         group=slot[-1], span=TokenSpan(0, 16), nbytes=len(payload), checksum=checksum(payload),
         placement=Placement(tier, "peer"),
@@ -122,9 +124,9 @@ class FakePeer:
         try:
             server_handshake(conn, Reader(conn), PEER_KEY)  # its reads are exact: nothing of a request is buffered
             while True:
-                magic, version, tier_len, count = struct.unpack(">4sBHI", self._read(conn, 11))
-                assert (magic, version) == (b"NXKT", 2)
-                self._read(conn, tier_len)
+                magic, version, tier_len, count, ns_len = struct.unpack(">4sBHIH", self._read(conn, 13))
+                assert (magic, version) == (b"NXKT", 3)
+                self._read(conn, tier_len + ns_len)
                 for _ in range(count):
                     self._read(conn, struct.unpack(">H", self._read(conn, 2))[0])
                 self._read(conn, 16)  # the frame's MAC (this fake does not check it)

@@ -6,7 +6,7 @@ import shutil
 import time
 
 import pytest
-from _tcp_peer import TIER, put, slot_n, tcp
+from _tcp_peer import NS, TIER, put, slot_n, tcp
 
 from nexuskv_transport_tcp import TransportError
 from nexuskv_transport_tcp.testing import make_pki
@@ -27,14 +27,15 @@ def test_payloads_cross_in_tls_and_a_node_of_another_ca_or_none_is_refused(store
     address = server.serve({TIER: store})
     ok, plain, foreign = tcp(timeout_s=10.0, **mine), tcp(timeout_s=0.5), tcp(timeout_s=10.0, **stranger)
     try:
-        got = ok.fetch_remote(address, TIER, [slot_n(1), slot_n(2)])
+        got = ok.fetch_remote(address, TIER, [slot_n(1), slot_n(2)], namespace=NS)
         assert bytes(got[0].payload) == payload and got[1] is None
-        assert bytes(ok.fetch_remote(address, TIER, [slot_n(1)])[0].payload) == payload  # a pooled TLS connection
+        again = ok.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)  # a pooled TLS connection
+        assert bytes(again[0].payload) == payload
         assert ok.idle_connections(address) == 1
         with pytest.raises(TransportError):  # speaks plain TCP to a TLS server: nothing but a failed handshake
-            plain.fetch_remote(address, TIER, [slot_n(1)])
+            plain.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)
         with pytest.raises(TransportError):  # a certificate the deployment's CA did not sign
-            foreign.fetch_remote(address, TIER, [slot_n(1)])
+            foreign.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)
         deadline = time.monotonic() + 10  # the server counts a refusal once its side of the handshake gives up
         while server.refused < 2 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import structlog
-from _tcp_peer import TIER, FakePeer, authenticated, descriptor, payload_of, put, slot_n, tcp
+from _tcp_peer import NS, TIER, FakePeer, authenticated, descriptor, payload_of, put, slot_n, tcp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexuskv import PluginManager, Transport, to_dict
+from nexuskv import Namespace, PluginManager, Transport, to_dict
 from nexuskv.builtins.dram import DramStore
 from nexuskv_transport_tcp import TcpTransport, TransportError
 
@@ -32,7 +32,7 @@ def check(got, payload, slot):
 def test_round_trip_hits_and_misses_in_one_call(store, server, client):
     payloads = {i: put(store, i, size) for i, size in ((1, 100), (2, 4096), (3, 70_000))}
     ask = [1, 9, 2, 3, 8, 1]
-    got = client.fetch_remote(server.address, TIER, [slot_n(i) for i in ask])
+    got = client.fetch_remote(server.address, TIER, [slot_n(i) for i in ask], namespace=NS)
     assert len(got) == len(ask)
     for i, g in zip(ask, got, strict=True):
         if i in payloads:
@@ -40,14 +40,14 @@ def test_round_trip_hits_and_misses_in_one_call(store, server, client):
             assert isinstance(g.payload, memoryview) and g.payload.readonly
         else:
             assert g is None
-    assert client.fetch_remote(server.address, TIER, []) == []
+    assert client.fetch_remote(server.address, TIER, [], namespace=NS) == []
     assert client.idle_connections(server.address) == 1  # the healthy connection went back to the pool
 
 
 def test_large_and_empty_payloads(store, server, client):
     big = put(store, 1, 16 << 20)
     empty = put(store, 2, 0)
-    got_big, got_empty = client.fetch_remote(server.address, TIER, [slot_n(1), slot_n(2)])
+    got_big, got_empty = client.fetch_remote(server.address, TIER, [slot_n(1), slot_n(2)], namespace=NS)
     check(got_big, big, slot_n(1))
     check(got_empty, empty, slot_n(2))
 
@@ -58,7 +58,7 @@ def test_many_slots_of_many_groups(store, server, client):
         slot = slot_n(i, group=i % 3)
         assert store.put(slot, payload, descriptor(slot, payload))
     ask = [slot_n(i, group=i % 3) for i in range(300)] + [slot_n(i, group=7) for i in range(20)]
-    got = client.fetch_remote(server.address, TIER, ask)
+    got = client.fetch_remote(server.address, TIER, ask, namespace=NS)
     for i, g in enumerate(got[:300]):
         assert bytes(g.payload) == payload_of(i, i % 50) and g.descriptor.group == i % 3
     assert got[300:] == [None] * 20
@@ -77,9 +77,10 @@ def test_local_fetch_reads_the_store(store):
 def test_unknown_tier_names_it(server, client, store):
     put(store, 1, 10)
     with pytest.raises(TransportError, match="no tier 'nvme'") as exc:
-        client.fetch_remote(server.address, "nvme", [slot_n(1), slot_n(2)])
+        client.fetch_remote(server.address, "nvme", [slot_n(1), slot_n(2)], namespace=NS)
     assert server.address in str(exc.value) and isinstance(exc.value, ConnectionError)
-    assert client.fetch_remote(server.address, TIER, [slot_n(1)])[0] is not None  # the client is still fine
+    still = client.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)
+    assert still[0] is not None  # the client is still fine
 
 
 def test_store_failure_is_reported(client):
@@ -91,7 +92,7 @@ def test_store_failure_is_reported(client):
     address = t.serve({"broken": Broken(1 << 20)})
     try:
         with pytest.raises(TransportError, match=r"failed to read tier 'broken'.*disk on fire"):
-            client.fetch_remote(address, "broken", [slot_n(1)])
+            client.fetch_remote(address, "broken", [slot_n(1)], namespace=NS)
     finally:
         t.close()
 
@@ -101,12 +102,12 @@ def test_refused_connection(client):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connecting is refused
         with pytest.raises(TransportError, match=f"127.0.0.1:{port}: connection refused"):
-            client.fetch_remote(f"127.0.0.1:{port}", TIER, [slot_n(1)])
+            client.fetch_remote(f"127.0.0.1:{port}", TIER, [slot_n(1)], namespace=NS)
 
 
 def test_bad_address(client):
     with pytest.raises(TransportError, match="bad address"):
-        client.fetch_remote("nowhere", TIER, [slot_n(1)])
+        client.fetch_remote("nowhere", TIER, [slot_n(1)], namespace=NS)
 
 
 def test_silent_peer_times_out():
@@ -114,25 +115,25 @@ def test_silent_peer_times_out():
         address = f"127.0.0.1:{listener.getsockname()[1]}"
         t = tcp(timeout_s=0.2)
         with pytest.raises(TransportError, match=r"timed out \(timeout_s=0.2\)"):
-            t.fetch_remote(address, TIER, [slot_n(1)])
+            t.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)
         with pytest.raises(TransportError, match=r"timed out \(timeout_s=0.1\)"):
-            t.fetch_remote(address, TIER, [slot_n(1)], timeout_s=0.1)
+            t.fetch_remote(address, TIER, [slot_n(1)], timeout_s=0.1, namespace=NS)
         assert t.idle_connections(address) == 0
         t.close()
 
 
 def test_caller_errors_send_nothing(client):
     with pytest.raises(ValueError, match="slot of 1025 bytes"):
-        client.fetch_remote("127.0.0.1:1", TIER, [b"x" * 1025])
+        client.fetch_remote("127.0.0.1:1", TIER, [b"x" * 1025], namespace=NS)
     with pytest.raises(ValueError, match="tier name of 256 bytes"):
-        client.fetch_remote("127.0.0.1:1", "t" * 256, [slot_n(1)])
+        client.fetch_remote("127.0.0.1:1", "t" * 256, [slot_n(1)], namespace=NS)
 
 
 def test_closed_transport_refuses_to_fetch(server):
     t = tcp()
     t.close()
     with pytest.raises(TransportError, match="closed"):
-        t.fetch_remote(server.address, TIER, [slot_n(1)])
+        t.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)
 
 
 def answer(status, desc=b"", payload=b"", payload_len=None):
@@ -161,16 +162,16 @@ def test_malformed_answers_raise_and_drop_the_connection(case):
     t = tcp(timeout_s=10.0)
     try:
         # a healthy exchange first: that connection is pooled...
-        assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)])[0].payload) == GOOD_PAYLOAD
+        assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)], namespace=NS)[0].payload) == GOOD_PAYLOAD
         assert t.idle_connections(peer.address) == 1 and peer.accepted == 1
         # ...then the malformed answer on it
         slots = [slot_n(1), slot_n(2)] if case == "a miss, then garbage" else [slot_n(1)]
         with pytest.raises(TransportError, match=message) as exc:
-            t.fetch_remote(peer.address, TIER, slots)
+            t.fetch_remote(peer.address, TIER, slots, namespace=NS)
         assert peer.address in str(exc.value)
         assert t.idle_connections(peer.address) == 0  # closed, not pooled
         # the next call cannot have reused it: the peer sees a new connection
-        assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)])[0].payload) == GOOD_PAYLOAD
+        assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)], namespace=NS)[0].payload) == GOOD_PAYLOAD
         assert peer.accepted == 2
     finally:
         t.close()
@@ -182,12 +183,12 @@ def test_stale_pooled_connection_is_retried_once(store, client):
     first = tcp()
     address = first.serve({TIER: store})
     port = int(address.rsplit(":", 1)[1])
-    assert client.fetch_remote(address, TIER, [slot_n(1)])[0] is not None
+    assert client.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)[0] is not None
     first.close()  # drops the pooled connection's other end
     second = tcp(port=port)  # a restarted peer on the same port
     second.serve({TIER: store})
     try:
-        assert client.fetch_remote(address, TIER, [slot_n(1)])[0] is not None
+        assert client.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)[0] is not None
     finally:
         second.close()
 
@@ -196,14 +197,14 @@ def test_pooled_connection_closed_before_answering_is_retried_on_a_fresh_one():
     peer = FakePeer([(GOOD, False), (b"", True), (GOOD, False), (b"", True)])
     t = tcp(timeout_s=10.0)
     try:
-        t.fetch_remote(peer.address, TIER, [slot_n(1)])
+        t.fetch_remote(peer.address, TIER, [slot_n(1)], namespace=NS)
         # the pooled connection passes the idle check, then the peer drops it without a byte: asked again, anew
-        assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)])[0].payload) == GOOD_PAYLOAD
+        assert bytes(t.fetch_remote(peer.address, TIER, [slot_n(1)], namespace=NS)[0].payload) == GOOD_PAYLOAD
         assert peer.accepted == 2
         t.close()
         t = tcp(timeout_s=10.0)
         with pytest.raises(TransportError, match="closed the connection"):  # a fresh connection: no retry
-            t.fetch_remote(peer.address, TIER, [slot_n(1)])
+            t.fetch_remote(peer.address, TIER, [slot_n(1)], namespace=NS)
         assert peer.accepted == 3
     finally:
         t.close()
@@ -213,13 +214,17 @@ def test_pooled_connection_closed_before_answering_is_retried_on_a_fresh_one():
 # --------------------------------------------------------------------------------------------- the server
 
 
-REQUEST = struct.pack(">4sBHI", b"NXKT", 2, 4, 1) + b"dram" + struct.pack(">H", 17) + slot_n(1)
+NS_FIELD = json.dumps(["acme", "", ""], separators=(",", ":")).encode()
+HEAD = struct.Struct(">4sBHIH")
+REQUEST = HEAD.pack(b"NXKT", 3, 4, 1, len(NS_FIELD)) + b"dram" + NS_FIELD + struct.pack(">H", 17) + slot_n(1)
 MALFORMED = {
     "bad magic": b"HTTP" + REQUEST[4:],
-    "bad version": REQUEST[:4] + b"\x01" + REQUEST[5:],
-    "tier too long": struct.pack(">4sBHI", b"NXKT", 2, 256, 0),
-    "too many slots": struct.pack(">4sBHI", b"NXKT", 2, 4, 65537) + b"dram",
-    "slot too long": struct.pack(">4sBHI", b"NXKT", 2, 4, 1) + b"dram" + struct.pack(">H", 1025),
+    "bad version": REQUEST[:4] + b"\x02" + REQUEST[5:],
+    "tier too long": HEAD.pack(b"NXKT", 3, 256, 0, len(NS_FIELD)),
+    "too many slots": HEAD.pack(b"NXKT", 3, 4, 65537, len(NS_FIELD)) + b"dram",
+    "no namespace": HEAD.pack(b"NXKT", 3, 4, 1, 0) + b"dram",
+    "namespace too long": HEAD.pack(b"NXKT", 3, 4, 1, 1025) + b"dram",
+    "slot too long": HEAD.pack(b"NXKT", 3, 4, 1, len(NS_FIELD)) + b"dram" + NS_FIELD + struct.pack(">H", 1025),
     "truncated": REQUEST[:-3],
 }
 
@@ -243,7 +248,27 @@ def test_malformed_request_closes_only_that_connection(case, store, server, clie
             rest += chunk
         assert len(rest) == struct.unpack(">BIQ", head)[1] + len(payload)
     assert any(e["event"] == "tcp_malformed_request" for e in logs)
-    check(client.fetch_remote(server.address, TIER, [slot_n(1)])[0], payload, slot_n(1))  # still serving
+    check(client.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)[0], payload, slot_n(1))  # still serving
+
+
+def test_a_fetch_is_answered_only_for_the_namespace_it_names(store, server, client):
+    """Issue 29, build 1: the request names its namespace; state of any other is a miss, never sent."""
+    payload = put(store, 1, 10)
+    for other in (Namespace("rival"), Namespace("acme", scope="docs"), Namespace("acme", cache_salt="s")):
+        assert client.fetch_remote(server.address, TIER, [slot_n(1)], namespace=other) == [None]
+    check(client.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)[0], payload, slot_n(1))
+
+
+def test_a_sealed_frame_with_a_malformed_namespace_is_refused(store, server):
+    put(store, 1, 10)
+    bad = b'["acme", 1, ""]'
+    frame = HEAD.pack(b"NXKT", 3, 4, 1, len(bad)) + b"dram" + bad + struct.pack(">H", 17) + slot_n(1)
+    sock, session = authenticated(server.address)
+    with structlog.testing.capture_logs() as logs, sock as s:
+        s.sendall(session.seal(frame))
+        s.settimeout(10)
+        assert s.recv(1 << 16) == b""  # closed, nothing answered
+    assert any(e["event"] == "tcp_malformed_request" and "namespace" in e["error"] for e in logs)
 
 
 def test_serve_once_close_idempotent_and_live_mapping(store):
@@ -255,14 +280,14 @@ def test_serve_once_close_idempotent_and_live_mapping(store):
     assert t.serve({}) == address == t.address and address.startswith("127.0.0.1:")
     c = tcp(timeout_s=10.0)
     with pytest.raises(TransportError, match="no tier 'dram'"):
-        c.fetch_remote(address, TIER, [slot_n(1)])
+        c.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)
     tiers[TIER] = store  # added after serve(): served from the next request on
-    check(c.fetch_remote(address, TIER, [slot_n(1)])[0], payload, slot_n(1))
+    check(c.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)[0], payload, slot_n(1))
     t.close()
     t.close()
     assert t.address is None
     with pytest.raises(TransportError):
-        c.fetch_remote(address, TIER, [slot_n(1)])
+        c.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)
     c.close()
     c.close()
 
@@ -293,7 +318,7 @@ def test_peer_process_serves_then_dies(client):
     try:
         hello = json.loads(proc.stdout.readline())
         address = hello["address"]
-        got = client.fetch_remote(address, TIER, [slot_n(i) for i in range(7)])
+        got = client.fetch_remote(address, TIER, [slot_n(i) for i in range(7)], namespace=NS)
         for i in range(5):
             check(got[i], payload_of(i, 3000), slot_n(i))
         assert got[5:] == [None, None]
@@ -301,7 +326,7 @@ def test_peer_process_serves_then_dies(client):
         proc.kill()  # SIGKILL: no goodbye
         proc.wait()
         with pytest.raises(TransportError, match=address):
-            client.fetch_remote(address, TIER, [slot_n(0)])
+            client.fetch_remote(address, TIER, [slot_n(0)], namespace=NS)
         assert client.idle_connections(address) == 0
     finally:
         proc.kill()
@@ -329,7 +354,7 @@ def test_sixteen_threads_share_the_pool_without_cross_talk(store, server):
             start.wait()
             for _ in range(200):
                 ask = rng.sample(everything, rng.randint(1, 6))
-                got = client.fetch_remote(server.address, TIER, ask)
+                got = client.fetch_remote(server.address, TIER, ask, namespace=NS)
                 for slot, g in zip(ask, got, strict=True):
                     if slot in reference:
                         assert g is not None and bytes(g.payload) == reference[slot], slot.hex()
@@ -371,7 +396,7 @@ def test_property_random_slot_sets_round_trip_exactly(shared, stored, asked):
     store.close()  # empty it
     for i, size in stored.items():
         put(store, i, size)
-    got = client.fetch_remote(address, TIER, [slot_n(i) for i in asked])
+    got = client.fetch_remote(address, TIER, [slot_n(i) for i in asked], namespace=NS)
     assert len(got) == len(asked)
     for i, g in zip(asked, got, strict=True):
         if i in stored:
@@ -411,28 +436,28 @@ def test_a_peer_with_another_key_is_refused_both_ways(store, server):
     other.authenticate(bytes(32))
     try:
         with pytest.raises(TransportError, match=r"closed the connection|authentication failed"):
-            other.fetch_remote(server.address, TIER, [slot_n(1)])  # the server refuses it
+            other.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)  # the server refuses it
         impostor = TcpTransport()
         impostor.authenticate(bytes(32))
         address = impostor.serve({TIER: store})
         honest = tcp(timeout_s=10.0)
         with pytest.raises(TransportError, match=r"authentication failed.*another peer key"):
-            honest.fetch_remote(address, TIER, [slot_n(1)])
+            honest.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)
         impostor.close()
         with socket.create_server(("127.0.0.1", 0)) as listener:  # a server that skips the check and bluffs
-            from nexuskv_transport_tcp._wire import HELLO
+            from nexuskv_transport_tcp._wire import HELLO, VERSION
 
             def bluff():
                 conn, _ = listener.accept()
                 with conn:
-                    conn.sendall(HELLO.pack(b"NXKA", 2, bytes(16)))
+                    conn.sendall(HELLO.pack(b"NXKA", VERSION, bytes(16)))
                     conn.recv(48)
                     conn.sendall(bytes(32))  # a proof it cannot make
                     conn.recv(1 << 16)
 
             threading.Thread(target=bluff, daemon=True).start()
             with pytest.raises(TransportError, match=r"authentication failed.*does not hold"):
-                honest.fetch_remote(f"127.0.0.1:{listener.getsockname()[1]}", TIER, [slot_n(1)])
+                honest.fetch_remote(f"127.0.0.1:{listener.getsockname()[1]}", TIER, [slot_n(1)], namespace=NS)
         honest.close()
     finally:
         other.close()
@@ -463,7 +488,7 @@ def test_a_transport_never_given_the_key_neither_serves_nor_fetches(store, serve
     with pytest.raises(RuntimeError, match="no peer key"):
         bare.serve({TIER: store})
     with pytest.raises(TransportError, match="no peer key"):
-        bare.fetch_remote(server.address, TIER, [slot_n(1)])
+        bare.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)
     bare.close()
 
 
