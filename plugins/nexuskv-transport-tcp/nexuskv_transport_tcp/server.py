@@ -39,6 +39,10 @@ _FLUSH_BUFFERS = 256
 HANDSHAKE_S = 5.0
 """How long a new connection has to prove it holds the peer key before it is closed."""
 
+MAX_HANDSHAKES = 64
+"""Connections that may be proving themselves at once; past it a new one is closed at once, unanswered (a keyless
+process opening connections by the thousand holds at most this many threads, each for at most `HANDSHAKE_S`)."""
+
 
 class _Handler(socketserver.BaseRequestHandler):
     """Serves one connection: requests, one after another, until EOF or a malformed frame."""
@@ -49,6 +53,12 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         nodelay(sock)
         peer = format_address(*self.client_address[:2]) if self.client_address else "?"
+        if not self.server.begin_handshake():
+            self.server.refuse()
+            log.warning("tcp_handshakes_full", peer=peer, limit=MAX_HANDSHAKES)
+            _shut(sock)
+            return
+        authenticating = True
         self.server.track(sock, True)
         # The whole handshake (TLS, then the peer key's) has HANDSHAKE_S, however slowly its bytes trickle in:
         # past it the connection is shut down under the reader.
@@ -72,6 +82,8 @@ class _Handler(socketserver.BaseRequestHandler):
             reader = Reader(sock)
             session = server_handshake(sock, reader, self.server.key)
             late.cancel()
+            self.server.end_handshake()
+            authenticating = False
             sock.settimeout(None)  # an authenticated peer's pooled connection may idle
             while not reader.at_eof():
                 tier, namespace, slots = read_sealed_request(reader, session)
@@ -87,6 +99,8 @@ class _Handler(socketserver.BaseRequestHandler):
             log.exception("tcp_server_failure", peer=peer)
         finally:
             late.cancel()
+            if authenticating:
+                self.server.end_handshake()
             self.server.track(sock, False)
 
 
@@ -111,6 +125,7 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.tls = tls
         self.refused = 0  # connections that failed to authenticate (or sent a request whose MAC failed)
         self.outside = 0  # slots held, but of another namespace than the request named: answered as misses
+        self.handshaking = 0  # connections proving themselves now (at most MAX_HANDSHAKES)
         self._refused_lock = threading.Lock()
         self.descriptors = DescriptorEncoder()
         self._conns: set[socket.socket] = set()
@@ -121,6 +136,19 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         """Count a refused connection (from any handler thread)."""
         with self._refused_lock:
             self.refused += 1
+
+    def begin_handshake(self) -> bool:
+        """Take one of the `MAX_HANDSHAKES` places of connections not yet authenticated (False: none is free)."""
+        with self._refused_lock:
+            if self.handshaking >= MAX_HANDSHAKES:
+                return False
+            self.handshaking += 1
+            return True
+
+    def end_handshake(self) -> None:
+        """Give a place back: the connection authenticated, or ended."""
+        with self._refused_lock:
+            self.handshaking -= 1
 
     def outside_namespace(self, tier: str, slot: bytes) -> None:
         """Count (and log) a slot asked for under another namespace than its state's (from any handler thread)."""

@@ -5,6 +5,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -428,6 +429,35 @@ def test_a_process_without_the_peer_key_gets_nothing_not_even_whether_a_slot_exi
             got = _drain(s)
         assert len(got) == HELLO.size and got[:4] == b"NXKA"  # the hello, then the connection closes: no answer
     assert server.refused >= 1
+
+
+def test_connections_still_proving_themselves_are_capped_and_peers_are_served_meanwhile(store, server, client,
+                                                                                       monkeypatch):  # fmt: skip
+    """A keyless process opening connections by the hundred holds at most MAX_HANDSHAKES threads at once."""
+    from nexuskv_transport_tcp import server as server_module
+
+    monkeypatch.setattr(server_module, "MAX_HANDSHAKES", 4)
+    payload = put(store, 1, 64)
+    host, port = server.address.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]  # say nothing: hold a place
+    try:
+        tcp_server = server._server
+        deadline = time.monotonic() + 10
+        while tcp_server.handshaking < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tcp_server.handshaking == 4
+        with socket.create_connection((host, int(port)), timeout=10) as s:  # the fifth: closed, not even a hello
+            assert _drain(s) == b""
+        with pytest.raises(TransportError):  # an honest peer, too, waits for a place: refused now, not stalled
+            tcp(timeout_s=10.0).fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 10
+    while server._server.handshaking and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server._server.handshaking == 0  # every place given back when those connections ended
+    check(client.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)[0], payload, slot_n(1))
 
 
 def test_a_peer_with_another_key_is_refused_both_ways(store, server):
