@@ -267,7 +267,7 @@ def test_fast_and_exact_paths_agree(source, checked):
 
 
 def test_compiling_and_evaluating_from_many_threads():
-    sources = ["math.greatest(li) + i", "s.format([i]).size()", "m.?k.orValue(0)", "type(dyn(u)) == uint",
+    sources = ["math.greatest(li) + i", "'%d items'.format([i]).size()", "m.?k.orValue(0)", "type(dyn(u)) == uint",
                "li.transformList(k, v, k + v)"]  # fmt: skip
     expected = [ev(src) for src in sources]
     errors: list[BaseException] = []

@@ -8,9 +8,17 @@ Python's short-circuit operators; when that fast code raises, the expression is 
 variant that implements CEL's error-absorbing logic, so both agree wherever the fast code succeeds.
 
 Cost model (a static upper bound, like Kubernetes CEL): every node costs 1; string and bytes comparisons,
-concatenation, `contains`, `startsWith` (the prefix), `endsWith`, `matches` (text and pattern) and string
-conversions add 0.1 per character of the declared maximum length; `in` on a list and list / map equality
-add the maximum number of items; a comprehension costs its range plus (maximum items) x (body + 1).
+`contains`, `indexOf`, `lastIndexOf`, `startsWith` (the prefix), `endsWith`, `matches` (text and pattern) and
+string conversions add 0.1 per character of the maximum length; `in` on a list and list / map equality add the
+maximum number of items; a comprehension costs its range plus (maximum items) x (body + 1). What an expression
+builds is charged by the size bound of the result (`checker/sizes.py`): 0.1 per character for concatenation,
+`replace`, `format`, `join`, `lowerAscii`, `upperAscii`, `trim`, `reverse`, `substring`, `strings.quote`,
+`base64.*` and `bytes()`; 1 per item for list concatenation and `split`. A result type carries its bound
+(`s.replace(old, new)`: len(s) + (len(s) + 1) x len(new); `format`: the format string plus each clause's longest
+text, a literal precision included), so chained builders compound. Lengths are declared (`maxLength`,
+`maxItems`), read from literals, or the defaults (4096 characters, 1,000,000 items). The limit is checked before
+constant folding, so folding never does more work than the budget allows; a `CelCostError` points at the
+smallest sub-expression over the budget. `Compiled.cost` is the bound of what is left after folding.
 """
 
 from __future__ import annotations
@@ -22,11 +30,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nexuskv.cel.checker.check import Checker, compat
-from nexuskv.cel.checker.cost import cost_of
+from nexuskv.cel.checker.cost import cost_of, describe, over_budget
 from nexuskv.cel.codegen.folding import fold, runtime_globals
 from nexuskv.cel.codegen.generator import Gen
 from nexuskv.cel.runtime.core import CelEvalError
-from nexuskv.cel.syntax.parser import CelCostError, CelError, CelSyntaxError, CelTypeError, parse, subexpressions
+from nexuskv.cel.syntax.parser import (
+    CelCostError,
+    CelError,
+    CelSyntaxError,
+    CelTypeError,
+    Node,
+    parse,
+    subexpressions,
+)
 from nexuskv.cel.types import CelType, Env
 
 __all__ = [
@@ -126,19 +142,15 @@ def _compile(
         raise CelTypeError(
             f"expression must evaluate to {expect}, but its type is {result}", line, col, source
         )
+    cost = cost_of(root, env)  # before folding too: folding does the work it bounds, at load time
+    if cost > cost_limit:
+        raise _cost_error(root, env, cost, cost_limit, source)
     try:
         root = fold(root, env, source)
     except CelTypeError as exc:
         exc.source = source
         raise
-    cost = cost_of(root, env)
-    if cost > cost_limit:
-        raise CelCostError(
-            f"estimated cost {cost} exceeds the limit {cost_limit} (bound list sizes and string lengths with "
-            "maxItems / maxLength, or avoid iterating large lists)",
-            *_first_position(source),
-            source,
-        )
+    cost = cost_of(root, env)  # what is left for run time
     consts: dict[str, Any] = {}
     positions: list[tuple[int, int]] = []
     try:
@@ -282,6 +294,28 @@ def _exact_wrapper(
             raise CelEvalError(f"{type(exc).__name__}: {exc}", source=source) from exc
 
     return exact
+
+
+def _cost_error(root: Node, env: Env, cost: int, limit: int, source: str) -> CelCostError:
+    """The error for a tree over its budget, located at the smallest sub-expression over it, which it names."""
+    culprit, part = over_budget(root, env, limit)
+    where = "" if culprit is root else f"; {describe(culprit)} at {culprit.line}:{culprit.col} alone costs {part}"
+    t = culprit.t
+    if culprit is root:
+        line, col = _first_position(source)
+    else:
+        line, col = culprit.line, culprit.col
+    built = ""
+    if t.max_size is not None and t.kind in ("string", "bytes", "list") and culprit.op in ("call", "+"):
+        unit = "items" if t.kind == "list" else "characters" if t.kind == "string" else "bytes"
+        built = f"; it may build a {t.kind} of up to {t.max_size} {unit}"
+    return CelCostError(
+        f"estimated cost {cost} exceeds the limit {limit}{where}{built} (bound list sizes and string lengths "
+        "with maxItems / maxLength, or avoid iterating large lists and building large strings or lists)",
+        line,
+        col,
+        source,
+    )
 
 
 def _first_position(source: str) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from nexuskv.cel.checker import generics as generic
 from nexuskv.cel.checker import names as resolve
+from nexuskv.cel.checker import sizes
 from nexuskv.cel.checker.relations import FREE, compat, nullable_eq, slen, sum_size
 from nexuskv.cel.checker.relations import join as _join
 from nexuskv.cel.runtime import overloads as std
@@ -168,7 +169,7 @@ class Checker:
                     raise self.error(k, f"map keys must be int, uint, bool or string, not {ct}")
                 nk = ct if kt is None else _join(kt, ct)
                 nv = cv if vt is None else _join(vt, cv)
-                kt = DYN if nk is None else nk.with_size(None).as_nullable(False)  # mixed: dyn
+                kt = DYN if nk is None else nk.as_nullable(False)  # mixed: dyn
                 vt = DYN if nv is None else nv
             assert kt is not None and vt is not None
             return map_of(kt, vt, len(n.args) // 2)
@@ -329,8 +330,8 @@ class Checker:
             if joined is None:
                 raise self.error(n, f"no matching overload for {args[0]}.{name}({args[1]})")
             return joined
-        if found:
-            return std.result_of(found, args)
+        if found:  # a builder's result carries the size bound its arguments allow
+            return sizes.call_bound(name, n.args, std.result_of(found, args))
         shown = ", ".join(map(str, args[1:] if n.method else args))
         if std.is_function(name, n.method) or name == "bytes_of":
             where = f"{args[0]}.{name}" if n.method else name

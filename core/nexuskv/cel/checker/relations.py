@@ -2,14 +2,16 @@
 
 `compat` says whether a value of one type may stand where another is expected (`dyn` fits everything);
 `join` is the common type of list elements, map entries and `?:` branches (None when there is none);
-`FREE` is the element type of an empty literal, which takes the type it is joined with.
+`FREE` is the element type of an empty literal, which takes the type it is joined with. Size bounds (`slen`,
+`items`) fall back to the defaults of the cost model where a type declares none; a join or a concatenation
+keeps a bound that is larger than that default.
 """
 
 from __future__ import annotations
 
 from nexuskv.cel.types import DEFAULT_MAX_LIST, DEFAULT_MAX_STRING, DYN, CelType, list_of, map_of, optional_of
 
-__all__ = ["FREE", "compat", "items", "join", "nullable_eq", "slen", "sum_size"]
+__all__ = ["FREE", "compat", "items", "join", "nullable_eq", "size_bound", "slen", "sum_size"]
 
 
 def compat(a: CelType, b: CelType) -> bool:
@@ -46,7 +48,7 @@ def join(a: CelType, b: CelType) -> CelType | None:
     nullable = a.nullable or b.nullable
     if a.kind == "dyn" or b.kind == "dyn":
         return DYN
-    size = max(a.max_size, b.max_size) if a.max_size is not None and b.max_size is not None else None
+    size = None if a.max_size is None and b.max_size is None else max(size_bound(a), size_bound(b))
     if a.kind == "list":
         inner = join(a.elem, b.elem)
         assert inner is not None
@@ -81,6 +83,11 @@ def items(t: CelType) -> int:
     return t.max_size if t.max_size is not None and t.kind in ("list", "map") else DEFAULT_MAX_LIST
 
 
-def sum_size(a: CelType, b: CelType) -> int | None:
-    """The size bound of a concatenation (None when either bound is unknown)."""
-    return a.max_size + b.max_size if a.max_size is not None and b.max_size is not None else None
+def size_bound(t: CelType) -> int:
+    """The size bound of a string, bytes, list or map type: characters, bytes or items (the default if none)."""
+    return slen(t) if t.kind in ("string", "bytes") else items(t)
+
+
+def sum_size(a: CelType, b: CelType) -> int:
+    """The size bound of a concatenation `a + b`: the sum of both bounds (defaults where none is declared)."""
+    return size_bound(a) + size_bound(b)

@@ -46,13 +46,16 @@ def check(ck: Checker, n: Node, scope: dict[str, CelType]) -> CelType | None:
         if len(n.args) == 3:
             ck.want_bool(n.args[1], inner, f"filter of {macro}()")
         body = ck.check(n.args[-1], inner)
+        size = rt.max_size if rt.kind in ("list", "map") else None  # one item per item of the range, at most
         if macro == "transformList":
-            return list_of(body)
+            return list_of(body, size)
         if macro == "transformMap":
-            return map_of(kt if kt.kind != "dyn" else DYN, body)
+            return map_of(kt if kt.kind != "dyn" else DYN, body, size)
         if body.kind not in ("map", "dyn"):
             raise ck.error(n, f"transformMapEntry() expression must give a map, got {body}")
-        return body if body.kind == "map" else map_of(DYN, DYN)
+        if body.kind == "dyn":
+            return map_of(DYN, DYN)
+        return body.with_size(None if size is None or body.max_size is None else size * body.max_size)
     if op == "bind":
         init = ck.check(n.args[0], scope)
         return ck.check(n.args[1], {**scope, n.value: init})
