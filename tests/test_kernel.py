@@ -338,7 +338,7 @@ def test_shared_documents_are_reused_only_by_granted_tenants():
         plan = k.plan(make_request(question, tenant="chat", model=model))
         assert plan.action == PlanAction.MATERIALIZE and plan.tokens_reused == 320
         assert plan.namespace is not None and (plan.namespace.tenant, plan.namespace.scope) == ("rag", "docs")
-        assert plan.reasons[0] == "shared by tenant rag (scope docs)"
+        assert plan.reasons[0].startswith("budget ") and plan.reasons[1] == "shared by tenant rag (scope docs)"
         reader = make_request(question, tenant="chat", model=model)
         got = k.materialize(plan, reader, keys=k.keys(reader))  # the caller's own keys are not the owner's
         assert got.complete and bytes(got.states[(3, 0)].payload) == bytes([3]) * 4096

@@ -10,6 +10,7 @@ scheduler calls are `Kernel`'s (`nexuskv.kernel`).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from typing import Any, Self
 
@@ -75,9 +76,23 @@ class KernelParts:
         except BaseException:
             self._abandon()  # a kernel that failed to start leaves no heartbeat renewing its lease, no threads
             raise
+        self.warm_up()
         log.info("kernel started", node=self.node, epoch=self.epoch, tiers=list(self.tier_order),
                  policies=self.policies.tenants() if self.policies else [], policy_revision=self.policy_revision,
                  plugin_problems=len(self.plugins.problems))  # fmt: skip
+
+    def warm_up(self) -> float:
+        """Pay once, here, what the first plan would pay on its hot path; seconds spent (the constructor calls it).
+
+        A synthetic request runs every stage of a plan (keys, match, policy, decision, seal) and nothing is kept.
+        A failure is logged, never raised: plans then pay their own first call, as before.
+        """
+        t0 = time.perf_counter()
+        try:
+            self.reads.warm_up()
+        except Exception as exc:
+            log.warning("warm-up failed; the first plan pays its own first call", error=f"{type(exc).__name__}: {exc}")
+        return time.perf_counter() - t0
 
     def _assemble(self, cfg: KernelConfig, profile: CostProfile) -> None:
         """Build the parts after the membership (the tiers, policies, paths), then bind a cluster-wide index."""
@@ -106,7 +121,7 @@ class KernelParts:
                                         recent=cfg.decision_log_recent)  # fmt: skip
         self.reads = ReadPath(cfg, self.keyring, self.index, self.planner, self.live, self.membership,
                               self.health, self.cost, self.prefetcher, self.decision_log, self.plan_seal)  # fmt: skip
-        self.router = Router(self.reads, self.cost, self.membership, cfg.deadline_ms)
+        self.router = Router(self.reads, self.cost, self.membership, cfg)
         self.policy_ops.start(self.node, self.planner, self.decision_log, self.control)
         self.metrics = Metrics.start(self)  # kernel.metrics: the registry, status(), the HTTP port when configured
         bind = getattr(self.index, "bind", None)

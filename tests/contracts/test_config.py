@@ -63,7 +63,7 @@ def test_the_default_deadline_can_come_from_the_environment(monkeypatch):
     assert KernelConfig().deadline_ms == 2.5
     assert KernelConfig.from_mapping({"deadline_ms": 0.3}).deadline_ms == 0.3  # a config file's value wins
     monkeypatch.delenv("NEXUSKV_DEADLINE_MS")
-    assert KernelConfig().deadline_ms == 1.0
+    assert KernelConfig().deadline_ms == 0.5  # the budget's floor (`planning.budget`)
     monkeypatch.setenv("NEXUSKV_DEADLINE_MS", "soon")
     with pytest.raises(ConfigError, match="NEXUSKV_DEADLINE_MS='soon': expected a number"):
         KernelConfig()

@@ -20,9 +20,11 @@ MODEL = ModelIdentity(name="tiny-llama", revision="1")  # the rag tenant shares 
 
 
 def summary(plan):
+    """What a replay must reproduce: the decision (not the live plan's budget, which is how long it could take)."""
     ns = (plan.namespace.tenant, plan.namespace.scope) if plan.namespace is not None else None
+    reasons = tuple(r for r in plan.reasons if not r.startswith("budget "))
     return (plan.action, plan.tokens_reused, tuple((s.start, s.end, s.tier, s.node, s.transport) for s in plan.spans),
-            tuple((s.start, s.end, s.tier, s.target_tier) for s in plan.prefetch), ns, plan.rules, plan.reasons,
+            tuple((s.start, s.end, s.tier, s.target_tier) for s in plan.prefetch), ns, plan.rules, reasons,
             plan.policy_revision, plan.epoch, plan.predicted)  # fmt: skip
 
 

@@ -130,7 +130,8 @@ def _stored(k: Kernel, tenant: str, scope: str = "", blocks: int = 16):
 OWN_PATH = ["kernel", "paths.read", "state.keys", "state.index", "planning.decision", "planning.planner",
             "planning.cost"]  # fmt: skip
 LEAVES = {"cluster.membership", "planning.breakers", "state.identity", "state.restore_points", "planning.links",
-          "policy.loader", "policy.policyset", "ops.decision_log", "storage.prefetch", "planning.seal"}  # fmt: skip
+          "policy.loader", "policy.policyset", "ops.decision_log", "storage.prefetch", "planning.seal",
+          "planning.budget"}  # fmt: skip
 
 
 def test_a_plan_of_the_tenants_own_state_passes_seven_modules_without_a_return_or_a_callback(kernel):

@@ -102,7 +102,9 @@ def _node_view(url: str, doc: dict[str, Any]) -> Any:
         ("epoch ", "dim"), str(doc.get("epoch")), ("  policy ", "dim"), doc.get("policy_revision") or "(none)",
         ("  control plane ", "dim"), ("ok", "green") if doc.get("control_ok") else ("DOWN", "bold red"),
         ("  plans ", "dim"), str(plans.get("total", 0)), ("  fail-open ", "dim"),
-        (str(fail_open), "bold red" if fail_open else ""), ("  tokens reused ", "dim"),
+        (str(fail_open), "bold red" if fail_open else ""), ("  reuse lost ", "dim"),
+        f"{sum(r.get('lost_gain_ms', 0) for r in doc.get('lost_gain', {}).values()):.0f} ms",
+        ("  tokens reused ", "dim"),
         _pct(reused / (reused + recomputed) if reused + recomputed else None))  # fmt: skip
     tiers = table("tier", "capacity", "used", "fill", "hits", "misses", "hit%", "evicted", "bad", title="tiers")
     for name, t in doc.get("tiers", {}).items():

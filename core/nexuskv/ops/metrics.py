@@ -133,6 +133,11 @@ class KernelCollector(Collector):
                 [((a, r), n) for (a, r), n in sorted(d["plans"].items())])
         counter("nexuskv_fail_open_total", "Plans that failed open (recompute), by reason class.", ("reason",),
                 [((r,), n) for r, n in sorted(d["fail_open"].items())])
+        lost = k.reads.lost.snapshot()
+        counter("nexuskv_fail_open_lost_gain_ms_total", "Predicted prefill ms fallbacks gave up (judged in hindsight), "
+                "by reason class.", ("reason",), [((r,), row["lost_gain_ms"]) for r, row in lost.items()])
+        counter("nexuskv_fail_open_unjudged_total", "Fallbacks whose lost gain is not judged (yet, or dropped).",
+                ("reason",), [((r,), row["unjudged"]) for r, row in lost.items()])
         counter("nexuskv_tokens_reused_total", "Prompt tokens plans restore from stored state.", (),
                 [((), d["tokens_reused"])])
         counter("nexuskv_tokens_recomputed_total", "Prompt tokens plans leave to prefill.", (),
@@ -304,6 +309,7 @@ class Metrics:
                       "by_reason": {f"{a}/{r}": n for (a, r), n in sorted(counts["plans"].items())},
                       "fail_open": counts["fail_open"], "tokens_reused": counts["tokens_reused"],
                       "tokens_recomputed": counts["tokens_recomputed"]},
+            "lost_gain": k.reads.lost.snapshot(),
             "tiers": tier_status(k), "links": link_status(k), "breakers": k.health.snapshot(), **queue_status(k),
             "ttft": {"reports_ok": loads.get("reports_ok", 0), "reports_failed": loads.get("reports_failed", 0),
                      "measured": err_n, "mean_abs_error_ms": round(err_sum / err_n * 1e3, 3) if err_n else None,

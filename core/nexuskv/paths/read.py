@@ -15,16 +15,29 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from nexuskv.cluster.membership import Membership
-from nexuskv.contracts import Plan, PlanAction, Request
+from nexuskv.contracts import (
+    Layout,
+    ModelIdentity,
+    Plan,
+    PlanAction,
+    Request,
+    StateGroup,
+    TokenizerIdentity,
+    to_dict,
+)
 from nexuskv.contracts.config import KernelConfig
 from nexuskv.errors import DeadlinePassed
 from nexuskv.errors import check_deadline as check
 from nexuskv.logs import get_logger
 from nexuskv.ops.capture import DecisionInputs, Recorder
-from nexuskv.ops.decision_log import DecisionLog
+from nexuskv.ops.decision_log import DecisionLog, fail_open_reason
+from nexuskv.ops.lost_gain import LostGain
 from nexuskv.planning.breakers import Health
+from nexuskv.planning.budget import budget_for
+from nexuskv.planning.budget import format_ms as _ms
 from nexuskv.planning.cost import CostModel
 from nexuskv.planning.decision import decide_with_shares, to_plan
 from nexuskv.planning.planner import Planner
@@ -69,6 +82,7 @@ class ReadPath:
         self._recent_prefetch: dict[tuple[bytes, int, str], float] = {}
         self.deadline_fallbacks = 0  # plans that answered recompute because their deadline passed
         self._lock = threading.Lock()  # guards prefetch de-duplication and the fallback count
+        self.lost = LostGain(self.hindsight)  # per fail-open reason: the gain fallbacks gave up
 
     @property
     def policies(self) -> Policies | None:
@@ -94,10 +108,8 @@ class ReadPath:
         `recompute` plan whose reasons say why.
         """
         t0 = time.perf_counter()
-        asked = request.slo.deadline_ms  # a tenant's word: never above the operator's `max_deadline_ms`
-        budget = (deadline_ms if deadline_ms is not None else
-                  (min(asked, self.config.max_deadline_ms) if asked is not None else self.config.deadline_ms))
-        end = t0 + budget / 1e3  # every stage and every long loop checks it: the wall time is bounded
+        budget = budget_for(request, self.config, self.cost, deadline_ms)  # sized by the stakes, or the caller's
+        end = t0 + budget.ms / 1e3  # every stage and every long loop checks it: the wall time is bounded
         decision_id = f"{random.getrandbits(64):016x}"  # no system call: it would hand the GIL away mid-plan
         stage = "start"
         policies = self.policies  # one revision for the whole plan, whatever a reload swaps in meanwhile
@@ -118,10 +130,7 @@ class ReadPath:
             match = match_within(self.index, keys, request.layout, end, self._bounded_by)
             check(end, "match")
             stage = "plan"
-            args = dict(node=request.node or self.config.node, decision_id=decision_id,
-                        revision=policies.revision if policies is not None else "", epoch=self.membership.epoch,
-                        inflight=self._inflight(), bandwidth_scale=self.bandwidth_scale,
-                        prefetch_target=self.prefetch_target)  # fmt: skip
+            args = self._args(request, decision_id, policies)
             # the tenant's policy and the scopes others share with it: resolved here, once, and handed on
             policy = policies.for_tenant(request.tenant) if policies is not None else None
             shares = policies.shared_with(request.tenant) if policies is not None else ()
@@ -138,11 +147,15 @@ class ReadPath:
         except DeadlinePassed as exc:
             with self._lock:  # the count stays exact under many planning threads
                 self.deadline_fallbacks += 1
-            return self._fallback(request, decision_id, t0, f"deadline {budget:g} ms passed in {exc.stage}")
+            why = "" if deadline_ms is not None else f" (the budget: {budget.why})"
+            return self._fallback(request, decision_id, t0,
+                                  f"deadline {_ms(budget.ms)} ms passed in {exc.stage}{why}")  # fmt: skip
         except Exception as exc:
             log.exception("planning failed", stage=stage, request_id=request.request_id)
             return self._fallback(request, decision_id, t0, f"{stage} failed: {type(exc).__name__}: {exc}")
-        plan = self.seal.seal(decision.plan, fresh=True)  # made by decide() for this call alone
+        plan = decision.plan  # made by decide() for this call alone: completed in place, then sealed
+        object.__setattr__(plan, "reasons", (budget.reason(), *plan.reasons))
+        plan = self.seal.seal(plan, fresh=True)
         if plan.prefetch:
             self._propose_prefetch(request, keys, plan)
         inputs = None
@@ -156,6 +169,56 @@ class ReadPath:
         policy = plan.tenant if policies is not None and plan.tenant in policies.sets else "default"
         self.decisions.record(plan, t0, inputs=inputs, policies=policies if capture else None, policy=policy)
         return plan
+
+    def warm_up(self) -> None:
+        """Pay here, once, what a process's first plan would pay on its hot path (issue 30: it failed open).
+
+        A synthetic request of its own identity runs every stage a plan runs (keys, with the contracts' first
+        conversions; the match; the policy lookups; the decision; the seal; the plan's JSON) and nothing is kept:
+        no decision is recorded or counted, nothing is stored or prefetched.
+        """
+        page = self.config.page_size
+        req = Request(request_id="warm-up", tenant="nexuskv-warm-up", model=ModelIdentity(name="nexuskv-warm-up"),
+                      tokenizer=TokenizerIdentity(name="nexuskv-warm-up"), token_ids=list(range(4 * page + 1)),
+                      layout=Layout(groups=[StateGroup(kind="dense", layers=1)], page_size=page))  # fmt: skip
+        keys = self.keys.keys_for(req, None)
+        match = match_within(self.index, keys, req.layout, time.perf_counter() + 1.0, self._bounded_by)
+        policies = self.policies
+        policy = policies.for_tenant(req.tenant) if policies is not None else None
+        shares = policies.shared_with(req.tenant) if policies is not None else ()
+        for tenant in policies.tenants() if policies is not None else ():  # each tenant's per-reader caches
+            policies.for_tenant(tenant)
+            policies.shared_with(tenant)
+        args = self._args(req, "0" * 16, policies)
+        decision, _ = decide_with_shares(self.planner, req, match, policy, shares, args,
+                                         lambda owner, scope: None, None)  # fmt: skip
+        budget_for(req, self.config, self.cost)
+        to_dict(self.seal.seal(decision.plan))
+
+    def _args(self, request: Request, decision_id: str, policies: Policies | None) -> dict[str, Any]:
+        """What the decision step takes besides the request, the match and the policy."""
+        return dict(node=request.node or self.config.node, decision_id=decision_id,
+                    revision=policies.revision if policies is not None else "", epoch=self.membership.epoch,
+                    inflight=self._inflight(), bandwidth_scale=self.bandwidth_scale,
+                    prefetch_target=self.prefetch_target)  # fmt: skip
+
+    def hindsight(self, request: Request) -> float:
+        """The gain (ms) a plan of `request` predicts now, made under `max_deadline_ms` and not recorded.
+
+        What `LostGain` charges a fallback with: the plan it would have been, had it had the time (0 when that plan
+        recomputes too).
+        """
+        policies = self.policies
+        end = time.perf_counter() + self.config.max_deadline_ms / 1e3
+        keys = self.keys.keys(request, end)
+        match = match_within(self.index, keys, request.layout, end, self._bounded_by)
+        policy = policies.for_tenant(request.tenant) if policies is not None else None
+        shares = policies.shared_with(request.tenant) if policies is not None else ()
+        lookup = functools.partial(self.keys.shared_match, self.index, request, end, self._bounded_by, None)
+        decision, _ = decide_with_shares(self.planner, request, match, policy, shares,
+                                         self._args(request, "0" * 16, policies), lookup, end)  # fmt: skip
+        plan = decision.plan
+        return plan.predicted.gain_ms if plan.action is PlanAction.MATERIALIZE else 0.0
 
     def capture(self, tenant: str) -> bool:
         """Whether plans of `tenant` keep their inputs (shadow evaluation runs, or its records carry them)."""
@@ -173,6 +236,7 @@ class ReadPath:
                        epoch=self.membership.epoch, cost=self.cost)  # fmt: skip
         plan = self.seal.seal(plan, fresh=True)
         self.decisions.record(plan, t0, fallback=True)
+        self.lost.fell_back(request, fail_open_reason(reason))  # what it gave up: judged later, off this thread
         return plan
 
     def _propose_prefetch(self, request: Request, keys: Sequence[bytes], plan: Plan) -> None:
@@ -196,5 +260,6 @@ class ReadPath:
                                         context=request)  # place rules see the request  # fmt: skip
 
     def close(self) -> None:
-        """Stop the matcher watchdog."""
+        """Stop judging fallbacks and the matcher watchdog."""
+        self.lost.close()
         self._watchdog.shutdown(wait=False, cancel_futures=True)

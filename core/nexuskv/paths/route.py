@@ -32,11 +32,13 @@ from attrs import define, field
 
 from nexuskv.cluster.membership import Membership
 from nexuskv.contracts import Request
+from nexuskv.contracts.config import KernelConfig
 from nexuskv.contracts.schema import doc
 from nexuskv.errors import DeadlinePassed
 from nexuskv.errors import check_deadline as check
 from nexuskv.logs import get_logger
 from nexuskv.paths.read import ReadPath
+from nexuskv.planning.budget import budget_for, format_ms
 from nexuskv.planning.cost import CostModel
 from nexuskv.planning.decision import decide
 from nexuskv.policy.model import RouteTarget
@@ -162,11 +164,11 @@ class Router:
     It plans with the read path's planner, policies and congestion figures, exactly as `plan` does.
     """
 
-    def __init__(self, reads: ReadPath, cost: CostModel, membership: Membership, deadline_ms: float) -> None:
+    def __init__(self, reads: ReadPath, cost: CostModel, membership: Membership, config: KernelConfig) -> None:
         self._reads = reads
         self._cost = cost
         self._membership = membership
-        self._deadline_ms = deadline_ms
+        self._config = config  # the budget's rule: `planning.budget`, as for plans
         self._lock = threading.Lock()
         self.fallbacks = 0  # routes that failed open
 
@@ -192,7 +194,8 @@ class Router:
         if len(set(names)) != len(names):
             raise ValueError(f"route: candidate nodes repeat: {sorted({n for n in names if names.count(n) > 1})}")
         t0 = time.perf_counter()
-        budget = deadline_ms if deadline_ms is not None else self._deadline_ms
+        rule = budget_for(request, self._config, self._cost, deadline_ms)  # sized by the stakes, as a plan's
+        budget = rule.ms
         end = t0 + budget / 1e3
         reads = self._reads
         stage = "keys"
@@ -210,7 +213,9 @@ class Router:
                 check(end, "pricing")
                 options.append(self._price(request, match, policy, ns, end))
         except DeadlinePassed as exc:
-            return self._fail_open(request, nodes, f"deadline {budget:g} ms passed in {exc.stage}", budget)
+            why = "" if deadline_ms is not None else f" (the budget: {rule.why})"
+            return self._fail_open(request, nodes, f"deadline {format_ms(budget)} ms passed in {exc.stage}{why}",
+                                   budget)  # fmt: skip
         except Exception as exc:
             log.exception("routing failed", stage=stage, request_id=request.request_id)
             return self._fail_open(request, nodes, f"{stage} failed: {type(exc).__name__}: {exc}", budget)
