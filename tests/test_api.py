@@ -24,6 +24,7 @@ ADDED = {
     "BundleError", "Candidate", "CostModel", "LivePolicies", "Policies", "PolicyBundle", "PolicyChannel",
     "PolicyError", "Rollout", "default_profile", "load_profile", "to_plan",
     "StateSeal",  # issue 29: the keyed MAC of stored state (benches measure it; a tier's tests seal with it)
+    "store_name", "slot_named",  # issue 29: names in shared stores are keyed hashes (every naming tier uses them)
 }  # fmt: skip
 
 

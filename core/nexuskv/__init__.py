@@ -63,7 +63,9 @@ from nexuskv.plugins.interfaces import (
     StoredState,
     TierStore,
     Transport,
+    slot_named,
     slot_of,
+    store_name,
 )
 from nexuskv.plugins.manager import PluginManager
 from nexuskv.policy.bundle import BundleError, PolicyBundle
@@ -170,7 +172,9 @@ __all__ = [
     "parse_bytes",
     "pick_victims",
     "refreshed_priority",
+    "slot_named",
     "slot_of",
+    "store_name",
     "to_dict",
     "to_plan",
     "valid_restore_point",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 import attrs
 import pytest
@@ -246,3 +247,84 @@ def test_priority_for_keeps_a_rules_priority_and_prices_the_default_once(build, 
     assert value is not None and value > 0 and prio == pytest.approx(h.tiers["dram"].floor + value)
     shaped = attrs.evolve(d, placement=h.placement("shaped"))
     assert h.priority_for(shaped) == (h.default_priority(shaped), None)  # a store that does not count reads
+
+
+# ------------------------------------------------------------------------------------------ names (issue 29)
+
+
+def _store_class(shared: bool, keyed: bool, listing: list | None = None):
+    """A DRAM store that records what the hierarchy calls first; `keyed`: it has `use_name_key`."""
+    from nexuskv.builtins.dram import DramStore
+
+    class Store(DramStore):
+        calls: ClassVar[list] = []
+
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.shared, self.closed = shared, False
+            Store.calls.append(("init", None))
+
+        def set_eviction_callback(self, callback):
+            Store.calls.append(("set_eviction_callback", None))
+            super().set_eviction_callback(callback)
+
+        def descriptors(self):
+            Store.calls.append(("descriptors", None))
+            return list(listing or [])
+
+        def close(self):
+            Store.calls.append(("close", None))
+            super().close()
+
+    if keyed:
+        Store.use_name_key = lambda self, key: Store.calls.append(("use_name_key", key))
+    return Store
+
+
+def _hierarchy(factory):
+    membership = Membership(EmbeddedControlPlane(), "n1", 10.0)
+    pm = PluginManager({}, entry_points=False)
+    try:
+        return Hierarchy(KernelConfig(node="n1", tiers={"dram": {"store": "named"}}),
+                         ({**pm.tier_stores(), "named": factory}, pm.transports()), DictIndex(), CostModel(), Health(),
+                         membership, StateSeal(SECRET)), membership  # fmt: skip
+    except BaseException:
+        membership.close()
+        raise
+
+
+def test_every_store_that_names_things_gets_the_name_key_before_anything_else():
+    store = _store_class(shared=True, keyed=True)
+    h, membership = _hierarchy(store)
+    try:
+        assert [c for c, _ in store.calls] == ["init", "use_name_key", "set_eviction_callback", "descriptors"]
+        assert store.calls[1][1] == StateSeal(SECRET).name_key != StateSeal(SECRET).peer_key
+    finally:
+        h.close()
+        membership.close()
+
+
+def test_a_shared_store_that_cannot_take_the_name_key_is_refused_and_closed():
+    store = _store_class(shared=True, keyed=False)
+    with pytest.raises(ConfigError, match=r"tiers\.dram: the store is shared .* cannot take the name key"):
+        _hierarchy(store)
+    assert [c for c, _ in store.calls] == ["init", "close"]
+    private = _store_class(shared=False, keyed=False)  # a store of this process alone names nothing shared
+    h, membership = _hierarchy(private)
+    h.close()
+    membership.close()
+
+
+def test_reindex_skips_what_a_store_lists_under_another_slot_than_its_descriptors(build):
+    h = build({"dram": {"store": "dram"}})
+    k1, k2 = keys(2)
+    seal = StateSeal(SECRET)
+    good, bad = (seal.seal(descriptor(h, k, b"abc", "dram"), b"abc") for k in (k1, k2))
+    store = _store_class(shared=True, keyed=True, listing=[(slot_of(k1), good), (slot_of(k1, 1), bad)])
+    h2, membership = _hierarchy(store)
+    try:
+        assert h2.index.get(k1) is not None and h2.index.get(k2) is None  # k2's state listed as k1's: skipped
+        assert h2.index.get(k1).mask_at(tier="dram") == 1  # and not as group 1 of k1 either
+    finally:
+        h2.close()
+        membership.close()

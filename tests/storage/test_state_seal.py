@@ -4,6 +4,7 @@ deployment is never served (issue 29, finding 2)."""
 from __future__ import annotations
 
 import attrs
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,3 +108,41 @@ def test_a_mac_survives_json_whatever_number_types_the_writer_used():
     sealed = StateSeal(SECRET).seal(d, b"abc")
     back = from_dict(StateDescriptor, json.loads(json.dumps(to_dict(sealed))))
     assert StateSeal(SECRET).check(back, b"abc")  # a fresh seal: nothing memoised from the writer
+
+
+# ------------------------------------------------------------------------------------------ names (issue 29)
+
+
+def test_the_name_key_is_a_third_derivation_of_the_secret():
+    seal = StateSeal(SECRET)
+    assert len(seal.name_key) == 32 and seal.name_key == StateSeal(SECRET).name_key
+    assert len({seal.name_key, seal.peer_key, seal._key}) == 3
+    assert StateSeal(OTHER).name_key != seal.name_key
+
+
+def test_a_store_name_is_a_keyed_hash_of_the_slot_and_names_nothing_else():
+    from nexuskv import store_name
+
+    key, k = StateSeal(SECRET).name_key, keys(1)[0]
+    name = store_name(key, slot_of(k))
+    assert len(name) == 32 and int(name, 16) >= 0 and name == store_name(key, slot_of(k))  # 16 bytes, hex
+    assert k.hex() not in name and slot_of(k).hex() not in name
+    assert name != store_name(key, slot_of(k, 1)) != store_name(StateSeal(OTHER).name_key, slot_of(k))
+    for bad in (b"", b"short", bytes(65)):
+        with pytest.raises(ValueError, match="name key"):
+            store_name(bad, slot_of(k))
+
+
+def test_slot_named_takes_the_slot_from_the_descriptor_and_only_under_its_own_name():
+    from nexuskv import slot_named, store_name
+    from tests.storage.test_hierarchy import make_request
+
+    key, other = StateSeal(SECRET).name_key, StateSeal(OTHER).name_key
+    a, b = keys(2)
+    d = attrs.evolve(_bare(make_request(range(16))), key=a.hex(), group=1)
+    assert slot_named(key, store_name(key, slot_of(a, 1)), d) == slot_of(a, 1)
+    assert slot_named(key, store_name(key, slot_of(b, 1)), d) is None  # renamed: another slot's name
+    assert slot_named(key, store_name(key, slot_of(a, 0)), d) is None  # another group's name
+    assert slot_named(key, store_name(other, slot_of(a, 1)), d) is None  # named under another secret
+    assert slot_named(key, slot_of(a, 1).hex(), d) is None  # named by raw slot, as before names were keyed
+    assert slot_named(key, "not a name \udcff", d) is None

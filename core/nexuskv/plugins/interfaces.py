@@ -2,12 +2,21 @@
 
 Stores are addressed by *slot*: the 16-byte block key followed by one byte naming the layout group, so every
 group of a hybrid model's block has its own payload. These protocols use the contracts only.
+
+A store that names payloads in a place others can list (files, shm segments, Redis keys, Mooncake objects) never
+names them by slot: it names them `store_name(name_key, slot)`, a keyed hash under the deployment's name key, which
+the kernel hands it through `use_name_key(key)` before anything is stored, read or listed (a `shared = True` store
+without that method is refused). Its listing reads each payload's descriptor and keeps only what `slot_named` says
+is stored under its own name.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import hmac
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from attrs import define
 
@@ -21,7 +30,9 @@ __all__ = [
     "StoredState",
     "TierStore",
     "Transport",
+    "slot_named",
     "slot_of",
+    "store_name",
 ]
 
 
@@ -30,6 +41,51 @@ def slot_of(key: bytes, group: int = 0) -> bytes:
     if not 0 <= group < 256:
         raise ValueError(f"group must be in [0, 256), got {group}")
     return key + bytes((group,))
+
+
+_NAME_PERSON = b"nexuskv.slotname"
+
+
+def store_name(name_key: bytes, slot: bytes) -> str:
+    """The name of `slot` in a shared store: 32 hex digits of a keyed BLAKE2b of the slot under `name_key`.
+
+    `name_key` is the deployment's name key (`StateSeal.name_key`, a derivation of the secret the kernel hands every
+    store through `use_name_key`). A listing of the store (`ls /dev/shm`, `SCAN`, a directory) then reveals no
+    slot and no block key, and nobody without the secret can name a slot: not to ask for it, not to plant under it.
+
+    16 bytes, not 20: a name only has to be unguessable and unique among the names one store holds. Keyed BLAKE2b
+    is a PRF, so a guess hits a given slot's name with probability 2^-128, and a store of 2^40 payloads (a
+    petabyte of 1 KiB blocks) holds two slots under one name with probability below 2^-48; and such a collision
+    serves nothing wrong (the payload's descriptor says whose slot it is, `slot_named` checks it, and the kernel
+    checks the key and the MAC): one payload is lost and recomputed. Four more bytes would buy nothing a store
+    could use and lengthen every name and key. Raises ValueError for a key shorter than 16 bytes.
+    """
+    h = _keyed_hash(bytes(name_key)).copy()
+    h.update(slot)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=16)
+def _keyed_hash(name_key: bytes) -> Any:
+    """BLAKE2b keyed with `name_key`, nothing hashed yet: copied per name (half the cost of keying it each time)."""
+    if not 16 <= len(name_key) <= 64:
+        raise ValueError(f"a name key is 16 to 64 bytes (StateSeal.name_key), got {len(name_key)}")
+    return hashlib.blake2b(digest_size=16, key=name_key, person=_NAME_PERSON)
+
+
+def slot_named(name_key: bytes, name: str, descriptor: StateDescriptor) -> bytes | None:
+    """The slot `descriptor` was stored at, if `name` is `store_name(name_key, slot)` of it; else None.
+
+    What a store's listing (its re-index) keeps: the slot comes from the descriptor stored with the payload, never
+    from the name. None for a payload planted, renamed or copied under a name that is not its slot's, stored under
+    another secret, or named by raw slot (written before names were keyed).
+    """
+    try:
+        slot = slot_of(bytes.fromhex(descriptor.key), descriptor.group)
+    except ValueError:
+        return None
+    expected = store_name(name_key, slot).encode()
+    return slot if hmac.compare_digest(expected, name.encode("utf-8", "surrogateescape")) else None
 
 
 @define(frozen=True)

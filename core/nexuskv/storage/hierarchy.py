@@ -1,6 +1,7 @@
 """The node's storage hierarchy: its tiers and transports, and every way state enters, moves and leaves them.
 
-`Hierarchy` builds the tier stores and transports the config names, orders the tiers by the cost profile
+`Hierarchy` builds the tier stores (each that names payloads handed the deployment's name key first:
+`hand_name_key`) and transports the config names, orders the tiers by the cost profile
 (fastest first; a tier it has no cost for is a `ConfigError`), re-indexes persistent tiers, stores and loads
 payloads (each sealed with the deployment's keyed MAC when stored and checked when read: `StateSeal`; bad
 payloads quarantined), and keeps the index exact: every eviction a tier reports
@@ -28,7 +29,7 @@ from nexuskv.planning.cost import CostModel
 from nexuskv.plugins.interfaces import PersistentTierStore, StoredState, TierStore, Transport, slot_of
 from nexuskv.state.index import Location, Matcher
 from nexuskv.storage.state_seal import StateSeal
-from nexuskv.storage.tier_config import build_transports, remote_transport, tier_options, unpriced
+from nexuskv.storage.tier_config import build_transports, hand_name_key, remote_transport, tier_options, unpriced
 
 __all__ = ["Hierarchy"]
 
@@ -123,6 +124,11 @@ class Hierarchy:
                 store = factories[kind](name=name, **opts)
             except TypeError as exc:
                 raise ConfigError(f"tiers.{name}: {exc}") from None
+            try:  # before anything is stored, read or listed: names in shared stores are keyed
+                hand_name_key(name, store, self.seal.name_key)
+            except BaseException:
+                store.close()
+                raise
             store.set_eviction_callback(self._evicted_from(name))
             tiers[name] = store
             if isinstance(store, PersistentTierStore):
@@ -137,8 +143,11 @@ class Hierarchy:
         return self._reindex(tier, store)
 
     def _reindex(self, name: str, store: PersistentTierStore) -> int:
-        n = unknown = unsealed = 0
+        n = unknown = unsealed = misfiled = 0
         for slot, desc in store.descriptors():
+            if desc.key != slot[:-1].hex() or desc.group != slot[-1]:  # listed under another slot than its own
+                misfiled += 1
+                continue
             if not checksum_known(desc.checksum):  # written by a newer version: never planned here
                 unknown += 1
                 continue
@@ -147,8 +156,9 @@ class Hierarchy:
                 continue
             self.index.insert(slot[:-1], Location(name, desc.placement.node, desc.placement.epoch), 1 << slot[-1])
             n += 1
-        if n or unknown or unsealed:
-            log.info("tier re-indexed", tier=name, payloads=n, unknown_checksum=unknown, unsealed=unsealed)
+        if n or unknown or unsealed or misfiled:
+            log.info("tier re-indexed", tier=name, payloads=n, unknown_checksum=unknown, unsealed=unsealed,
+                     misfiled=misfiled)  # fmt: skip
         return n
 
     # ------------------------------------------------------------------------------------------ evictions

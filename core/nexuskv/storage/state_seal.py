@@ -15,6 +15,10 @@ over the descriptor's XXH3-128 would be about ten times cheaper but is not safe 
 collision resistant, so a payload with a sealed payload's XXH3-128 can be crafted. docs/guarantees.md has the
 argument and `bench/identity.py` (`integrity.*`) the measured cost of each option. The descriptor's checksum stays:
 when a MAC does not check, it tells corruption (checksum mismatch) from forgery.
+
+The same secret gives the storage layer two more keys, each its own BLAKE2b derivation (a personalisation of its
+own): `peer_key`, which node-to-node transports authenticate peers with, and `name_key`, which tier stores name
+slots with in shared places (`nexuskv.store_name`), so a listing of a store reveals no slot or block key.
 """
 
 from __future__ import annotations
@@ -61,16 +65,19 @@ def _nbytes(payload: bytes | bytearray | memoryview) -> int:
 class StateSeal:
     """Seals and checks stored state with a key derived from the deployment secret (thread-safe).
 
-    It holds the peer key too: the other secret-derived key of the storage layer, for node-to-node transports.
+    It holds the storage layer's other secret-derived keys too: the peer key (node-to-node transports) and the name
+    key (names in shared stores).
     """
 
-    __slots__ = ("_identities", "_key", "peer_key")
+    __slots__ = ("_identities", "_key", "name_key", "peer_key")
 
     def __init__(self, secret: bytes) -> None:
         self._key = hashlib.blake2b(secret[:64], digest_size=32, person=b"nexuskv.stkey").digest()
         self._identities: dict[tuple[object, ...], bytes] = {}
         self.peer_key = hashlib.blake2b(secret[:64], digest_size=32, person=b"nexuskv.peers").digest()
         """The key node-to-node transports authenticate peers with (another derivation of the same secret)."""
+        self.name_key = hashlib.blake2b(secret[:64], digest_size=32, person=b"nexuskv.names").digest()
+        """The key tier stores name slots with in shared places (`store_name`; a third derivation of the secret)."""
 
     def _identity(self, d: StateDescriptor) -> bytes:
         """A digest of what blocks of one request share (memoised: thousands of blocks share one).

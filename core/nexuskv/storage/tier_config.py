@@ -2,7 +2,7 @@
 
 Every mistake is a `ConfigError` naming the key: a tier store or transport no plugin provides, a size that does not
 parse, transport options for a transport not listed, a remote transport listed first, a tier the cost profile has
-no cost for.
+no cost for, a shared tier that cannot take the name key.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from nexuskv.contracts.config import KernelConfig
 from nexuskv.errors import ConfigError
 from nexuskv.logs import get_logger
 from nexuskv.planning.cost import CostModel
-from nexuskv.plugins.interfaces import Transport
+from nexuskv.plugins.interfaces import TierStore, Transport
 from nexuskv.units import parse_bytes
 
-__all__ = ["build_transports", "remote_transport", "tier_options", "unpriced"]
+__all__ = ["build_transports", "hand_name_key", "remote_transport", "tier_options", "unpriced"]
 
 log = get_logger("nexuskv.hierarchy")  # the component name operators filter on: stable
 
@@ -34,6 +34,21 @@ def tier_options(name: str, raw: Mapping[str, Any], factories: Mapping[str, Any]
         except ValueError as exc:
             raise ConfigError(f"tiers.{name}.{opt}: {exc}") from None
     return kind, opts
+
+
+def hand_name_key(name: str, store: TierStore, name_key: bytes) -> None:
+    """Give tier `name`'s store the deployment's name key (`StateSeal.name_key`) before it stores, reads or lists.
+
+    Every store with a `use_name_key(key)` gets it, as remote transports get `authenticate(key)`: it names what it
+    stores in shared places by `store_name(key, slot)`, never by slot. A store that holds other processes' or
+    nodes' state (`shared = True`) must have the method: a shared place named by raw slots is a `ConfigError`.
+    """
+    use = getattr(store, "use_name_key", None)
+    if callable(use):
+        use(name_key)
+    elif getattr(store, "shared", False) is True:
+        raise ConfigError(f"tiers.{name}: the store is shared with other processes or nodes but cannot take the name "
+                          f"key (it has no use_name_key(key)); names in a shared store must be keyed")  # fmt: skip
 
 
 def build_transports(config: KernelConfig, factories: Mapping[str, Any], peer_key: bytes) -> dict[str, Transport]:

@@ -1,7 +1,8 @@
 """The disk tier store: one checksummed file per payload under a directory, bounded in bytes, evicting by priority.
 
 Writes go through a bounded queue to writer threads (temporary file, fsync, rename); reads run on a small bounded
-pool and verify the file's checksum every time; a new store rebuilds its holdings from the directory.
+pool and verify the file's checksum every time; a new store rebuilds its holdings from the directory once it has
+the deployment's name key (`use_name_key`): files are named by a keyed hash of their slot, never by the slot.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import heapq
+import hmac
 import itertools
 import os
 import queue
@@ -31,6 +33,8 @@ from nexuskv import (
     get_logger,
     parent_slot,
     pick_victims,
+    slot_named,
+    store_name,
 )
 from nexuskv_tier_disk import codec as codecs
 from nexuskv_tier_disk import durable_files, file_format
@@ -55,11 +59,13 @@ class Recovery:
     expired: list[str] = Factory(list)  # past their TTL
     over_capacity: list[str] = Factory(list)  # the lowest-priority files past a (now smaller) capacity
     ignored: list[str] = Factory(list)  # names that are not ours (left alone)
+    misnamed: list[tuple[str, str]] = Factory(list)  # (file, reason): not under the keyed name of its state
 
     @property
     def discarded(self) -> int:
         """Files deleted at start for any reason (temporary files included)."""
-        return len(self.temp_removed) + len(self.corrupt) + len(self.expired) + len(self.over_capacity)
+        return (len(self.temp_removed) + len(self.corrupt) + len(self.expired) + len(self.over_capacity)
+                + len(self.misnamed))  # fmt: skip
 
 
 @define
@@ -82,6 +88,10 @@ class DiskStore:
     the payload cannot fit or the write queue is full (backpressure). `get` reads on a bounded pool, verifies the
     file's xxh3-128 checksum and decodes; a file that fails is a miss, is deleted, logged, and reported through the
     eviction callback. Evicted files are read back on the writer thread so the callback can demote their payload.
+
+    Files are named `store_name(name_key, slot) + ".nkv"`: the directory's listing shows no slot or block key. The
+    kernel hands the name key over (`use_name_key`) before anything else; until then the store reads nothing from
+    its directory and `put` / `get` / `delete` raise `ConfigError` (it never names a file by slot).
     """
 
     def __init__(
@@ -156,7 +166,9 @@ class DiskStore:
             os.close(self._lock_fd)
             raise ConfigError(f"tier {name}: {self.path} is in use by another disk store") from None
         self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        self.recovery = self._recover(verify_on_start)
+        self._name_key: bytes | None = None
+        self._verify_on_start = bool(verify_on_start)
+        self.recovery = Recovery()  # what the directory held: read once the name key is known (`use_name_key`)
         self._read_slots = threading.BoundedSemaphore(int(read_workers) + max(0, int(read_queue)))
         self._read_q: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()  # fd, size, buffer, box, done
         self._readers = [
@@ -172,6 +184,30 @@ class DiskStore:
 
     # ------------------------------------------------------------------------------------------ protocol
 
+    def use_name_key(self, key: bytes) -> None:
+        """Name files by `store_name(key, slot)`, then (the first time) rebuild the holdings from the directory.
+
+        The kernel calls it with the deployment's name key before anything else; a store used on its own needs one
+        too (`nexuskv.StateSeal(secret).name_key`: the same secret finds the same files again). A file that is not
+        under the keyed name of the state it holds (renamed, planted, written under another secret, or named by
+        raw slot before names were keyed) is deleted at that point (`recovery.misnamed`). The key cannot change.
+        """
+        store_name(key, b"")  # ValueError for a key that is no name key
+        with self._lock:
+            if self._name_key is not None:
+                if not hmac.compare_digest(self._name_key, key):
+                    raise ConfigError(f"tier {self.name}: its name key cannot change while it is open")
+                return
+            self._name_key = bytes(key)
+            self.recovery = self._recover(self._verify_on_start)
+
+    def _keyed(self) -> bytes:
+        key = self._name_key
+        if key is None:
+            raise ConfigError(f"tier {self.name}: no name key (the kernel hands it over; on its own call "
+                              f"use_name_key(key) first): files are never named by slot")  # fmt: skip
+        return key
+
     def set_eviction_callback(self, callback: EvictionCallback | None) -> None:
         """Be told (slot, descriptor, payload) about every eviction, expiry, failed write and corrupt file."""
         self._on_evict = callback
@@ -183,6 +219,7 @@ class DiskStore:
         False (and nothing changes) when it cannot fit without evicting more valuable state, or when the write queue
         is full. The payload is readable at once.
         """
+        self._keyed()
         data = payload if type(payload) is bytes else bytes(payload)
         meta = file_format.encode_meta(descriptor)
         need = file_format.FIXED_SIZE + len(meta) + len(data)  # the codec never stores more than the raw bytes
@@ -221,6 +258,7 @@ class DiskStore:
 
     def get(self, slot: bytes) -> StoredState | None:
         """The decoded payload and descriptor of `slot`, checksum verified, or None (a miss, never bad bytes)."""
+        self._keyed()
         reason = ""
         with self._lock:
             e = self._items.get(slot)
@@ -276,6 +314,7 @@ class DiskStore:
 
     def delete(self, slot: bytes) -> bool:
         """Drop a payload and its file; True if it was held. Deletion is not an eviction: no callback."""
+        self._keyed()
         with self._lock:
             e = self._items.get(slot)
             if e is None:
@@ -356,13 +395,16 @@ class DiskStore:
         self.close()
 
     def file_of(self, slot: bytes) -> str:
-        """The path of the file that holds (or will hold) `slot`."""
+        """The path of the file that holds (or will hold) `slot`: its keyed name, never the slot."""
         return self._file(slot)
 
     # ------------------------------------------------------------------------------------------ eviction
 
+    def _name(self, slot: bytes) -> str:
+        return store_name(self._keyed(), slot)
+
     def _file(self, slot: bytes) -> str:
-        return os.path.join(self.path, slot.hex() + file_format.SUFFIX)
+        return os.path.join(self.path, self._name(slot) + file_format.SUFFIX)
 
     def _unlink(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -394,7 +436,7 @@ class DiskStore:
                 self._unlink(path)  # an older version of the slot, if any
                 evicted.append((slot, e.descriptor, e.buf))
             elif self.evict_payloads and self._on_evict is not None:
-                aside = os.path.join(self.path, f"{file_format.EVICT_PREFIX}{slot.hex()}-{e.gen}")
+                aside = os.path.join(self.path, f"{file_format.EVICT_PREFIX}{self._name(slot)}-{e.gen}")
                 try:
                     os.rename(path, aside)  # read back on a writer thread, then deleted
                     self._jobs.append(("evict", slot, e.descriptor, aside, e.size))
@@ -424,9 +466,10 @@ class DiskStore:
             if mine:
                 self._drop(slot, e)
         self.corrupt_reads += 1
-        self.problems.append((slot.hex() + file_format.SUFFIX, reason))
-        log.warning("disk payload failed verification; dropped and served as a miss", tier=self.name,
-                    file=slot.hex() + file_format.SUFFIX, reason=reason)  # fmt: skip
+        name = self._name(slot) + file_format.SUFFIX
+        self.problems.append((name, reason))
+        log.warning("disk payload failed verification; dropped and served as a miss", tier=self.name, file=name,
+                    reason=reason)  # fmt: skip
         if mine:
             self._notify([(slot, e.descriptor, None)])
 
@@ -489,7 +532,7 @@ class DiskStore:
         enc = codecs.encode(data, self.codec, elem_size=codecs.element_size(desc), level=self.level)
         head = file_format.pack_header(meta, enc.codec, enc.elem_size, len(enc.data), len(data), prio, expires,
                                file_format.digest(enc.data))  # fmt: skip
-        tmp = os.path.join(self.path, f"{file_format.TEMP_PREFIX}{slot.hex()}-{gen}")
+        tmp = os.path.join(self.path, f"{file_format.TEMP_PREFIX}{self._name(slot)}-{gen}")
         try:
             durable_files.write_file(tmp, [head, enc.data], self.fsync)
         except OSError as exc:
@@ -535,7 +578,7 @@ class DiskStore:
             payload, reason = self._read(fd, size)
             if payload is None:
                 log.warning("evicted disk payload failed verification; reported without it", tier=self.name,
-                            file=slot.hex() + file_format.SUFFIX, reason=reason)  # fmt: skip
+                            file=self._name(slot) + file_format.SUFFIX, reason=reason)  # fmt: skip
         except OSError:
             pass
         finally:
@@ -548,7 +591,12 @@ class DiskStore:
     # ------------------------------------------------------------------------------------------ recovery
 
     def _recover(self, verify: bool) -> Recovery:
-        """Rebuild the holdings from the directory, deleting interrupted, corrupt and expired files."""
+        """Rebuild the holdings from the directory, deleting interrupted, corrupt, expired and misnamed files.
+
+        The slot of a file is the one its descriptor names, kept only when the file is under that slot's keyed name
+        (`slot_named`); the name itself is never parsed.
+        """
+        key = self._keyed()
         rec = Recovery()
         reader = file_format.DescriptorReader()
         now = _now()
@@ -565,16 +613,18 @@ class DiskStore:
                 rec.ignored.append(name)
                 continue
             try:
-                slot = bytes.fromhex(name[: -len(file_format.SUFFIX)])
-                if len(slot) != 17:
-                    raise file_format.CorruptFile("not a slot name")
                 header, meta, size = file_format.read_header(path)
                 if size != header.file_size:
                     raise file_format.CorruptFile(f"size mismatch: header says {header.file_size}, "
                                                   f"file has {size} bytes")
                 desc = reader.read(meta)
-                if desc.key != slot[:16].hex() or desc.group != slot[16]:
-                    raise file_format.CorruptFile("descriptor does not match the file name")
+                slot = slot_named(key, name[: -len(file_format.SUFFIX)], desc)
+                if slot is None:
+                    why = _misnamed(name[: -len(file_format.SUFFIX)], desc)
+                    rec.misnamed.append((name, why))
+                    self._unlink(path)
+                    log.warning("disk tier discarded a misnamed file at start", tier=self.name, file=name, reason=why)
+                    continue
                 if verify:
                     fd = os.open(path, os.O_RDONLY)
                     payload, reason = self._read(fd, size)
@@ -605,7 +655,7 @@ class DiskStore:
             e = self._items.pop(slot)
             self._used -= e.size
             self._unlink(self._file(slot))
-            rec.over_capacity.append(slot.hex() + file_format.SUFFIX)
+            rec.over_capacity.append(self._name(slot) + file_format.SUFFIX)
         if self._items:
             self.floor = min(e.priority for e in self._items.values())
         rec.recovered, rec.recovered_bytes = len(self._items), self._used
@@ -613,5 +663,13 @@ class DiskStore:
             durable_files.fsync_dir(self._dir_fd)
         log.info("disk tier opened", tier=self.name, path=self.path, recovered=rec.recovered,
                  recovered_bytes=rec.recovered_bytes, temp_removed=len(rec.temp_removed), corrupt=len(rec.corrupt),
-                 expired=len(rec.expired), over_capacity=len(rec.over_capacity))  # fmt: skip
+                 expired=len(rec.expired), over_capacity=len(rec.over_capacity),
+                 misnamed=len(rec.misnamed))  # fmt: skip
         return rec
+
+
+def _misnamed(stem: str, desc: StateDescriptor) -> str:
+    """Why a file whose descriptor names state of another name is not served (its name is never parsed)."""
+    if stem == f"{desc.key}{desc.group:02x}":
+        return "named by raw slot (written before names were keyed): recomputed and stored again under its keyed name"
+    return "not the keyed name of the state it holds (renamed, planted, or written under another secret)"

@@ -16,12 +16,17 @@ from nexuskv import (
     Placement,
     StateDescriptor,
     StateGroup,
+    StateSeal,
     TokenizerIdentity,
     TokenSpan,
     checksum,
     slot_of,
 )
 from nexuskv_tier_disk import DiskStore
+
+SECRET = bytes(32)
+NAME_KEY = StateSeal(SECRET).name_key
+"""The name key of the secret the tests' kernels run under: a store opened on its own with it finds their files."""
 
 
 def make_desc(key: bytes, payload: bytes, tier: str = "disk", **kw: object) -> StateDescriptor:
@@ -68,13 +73,15 @@ def open_store(tmp_path: Path) -> Iterator[Callable[..., DiskStore]]:
     """Open stores on tmp_path (closed at the end); `events` of each collect its eviction callbacks."""
     stores: list[DiskStore] = []
 
-    def make(capacity_bytes: int = 64 << 20, **kw: object) -> DiskStore:
+    def make(capacity_bytes: int = 64 << 20, name_key: bytes | None = NAME_KEY, **kw: object) -> DiskStore:
         kw.setdefault("path", str(tmp_path))
         kw.setdefault("fsync", False)
-        store = DiskStore(capacity_bytes, **kw)
+        store = DiskStore(capacity_bytes, **kw)  # type: ignore[arg-type]
+        stores.append(store)
+        if name_key is not None:  # as the kernel does, before anything else
+            store.use_name_key(name_key)
         store.events = []  # type: ignore[attr-defined]
         store.set_eviction_callback(lambda s, d, p: store.events.append((s, d, None if p is None else bytes(p))))  # type: ignore[attr-defined]
-        stores.append(store)
         return store
 
     yield make

@@ -136,7 +136,7 @@ _CHILD = textwrap.dedent(
     report = os.dup(1)
     os.dup2(2, 1)
     sys.path.insert(0, {tests!r})
-    from conftest import Item
+    from conftest import NAME_KEY, Item
     from nexuskv_tier_disk import DiskStore, durable_files
 
     def say(line):
@@ -144,6 +144,7 @@ _CHILD = textwrap.dedent(
 
     path, hang_at = sys.argv[1], int(sys.argv[2])
     store = DiskStore(1 << 30, path=path, fsync=True)
+    store.use_name_key(NAME_KEY)
     real = durable_files.write_file
     calls = [0]
 

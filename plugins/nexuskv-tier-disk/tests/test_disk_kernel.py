@@ -7,9 +7,9 @@ import attrs
 from nexuskv import Kernel, KernelConfig, slot_of
 
 
-def _kernel(path, **opts):
+def _kernel(path, secret=bytes(32), **opts):
     tier = {"store": "disk", "path": str(path), "capacity_bytes": "64MiB", "fsync": False, **opts}
-    return Kernel(KernelConfig(tiers={"disk": tier}, plugins=("disk",)), secret=bytes(32))  # only this plugin
+    return Kernel(KernelConfig(tiers={"disk": tier}, plugins=("disk",)), secret=secret)  # only this plugin
 
 
 def test_kernel_builds_the_tier_by_name_and_reindexes_it_at_start(tmp_path, item):
@@ -105,3 +105,44 @@ def test_a_file_swapped_in_by_whoever_can_write_the_directory_is_never_served(tm
     with _kernel(tmp_path) as k:
         assert k.load(items[0].key) is None  # its MAC is another deployment's: never served
         assert bytes(k.load(items[1].key).payload) == items[1].payload
+
+
+def test_files_carry_the_kernels_keyed_names_and_only_the_same_secret_finds_them_again(tmp_path, item):
+    """Issue 29: names are `store_name(StateSeal(secret).name_key, slot)`; a restart under the same secret
+    re-indexes every file, a kernel under another secret finds none (and never serves one)."""
+    from nexuskv import StateSeal, store_name
+
+    items = [item(i) for i in range(3)]
+    with _kernel(tmp_path) as k:
+        for it in items:
+            assert k.put(it.desc, it.payload)
+        k.tiers["disk"].flush()
+    key = StateSeal(bytes(32)).name_key
+    listed = sorted(n for n in os.listdir(tmp_path) if n != ".lock")
+    assert listed == sorted(store_name(key, slot_of(it.key)) + ".nkv" for it in items)
+    assert not [n for n in listed for it in items if it.key.hex() in n]
+    with _kernel(tmp_path) as k:
+        assert all(bytes(k.load(it.key).payload) == it.payload for it in items)
+    with _kernel(tmp_path, secret=bytes(range(1, 33))) as k:
+        assert all(k.index.get(it.key) is None and k.load(it.key) is None for it in items)
+
+
+def test_a_file_renamed_under_a_running_kernel_or_across_a_restart_is_never_served(tmp_path, item):
+    a, b = item(1), item(2)
+    with _kernel(tmp_path) as k:
+        assert k.put(a.desc, a.payload) and k.put(b.desc, b.payload)
+        store = k.tiers["disk"]
+        store.flush()
+        os.replace(store.file_of(slot_of(a.key)), store.file_of(slot_of(b.key)))  # a's state under b's name
+        assert k.load(b.key) is None and k.index.get(b.key) is None  # refused (and dropped), never served
+        assert k.load(a.key) is None
+    with _kernel(tmp_path) as k:
+        assert k.put(a.desc, a.payload) and k.put(b.desc, b.payload)
+        k.tiers["disk"].flush()
+        src, dst = k.tiers["disk"].file_of(slot_of(a.key)), k.tiers["disk"].file_of(slot_of(b.key))
+    os.replace(src, dst)
+    os.link(dst, os.path.join(tmp_path, slot_of(a.key).hex() + ".nkv"))  # and once more under its raw slot name
+    with _kernel(tmp_path) as k:
+        assert k.index.get(a.key) is None and k.index.get(b.key) is None
+        assert k.load(a.key) is None and k.load(b.key) is None
+        assert len(k.tiers["disk"].recovery.misnamed) == 2

@@ -1,7 +1,8 @@
 """The Mooncake Store tier: payloads and their descriptors as Mooncake objects, moved through registered memory.
 
-Each slot is one object `{prefix}/{slot hex}`: a small header (the descriptor as JSON) followed by the payload, so a
-reader on any node gets both in one read, and the kernel verifies the descriptor's checksum on what it gets. A put
+Each slot is one object `{prefix}/{name}`, `name` the slot's keyed name (`nexuskv.store_name`, never the slot): a
+small header (the descriptor as JSON) followed by the payload, so a reader on any node gets both in one read, and
+the kernel verifies the descriptor's checksum on what it gets. A put
 copies header and payload into a registered staging buffer and `put_from`s it; a get is one `get_buffer` into the
 client's registered local buffer, returned as a memoryview (no further copy; the memory goes back to Mooncake when
 the last view of it is released). Capacity, priorities and LRU order are kept in this process.
@@ -11,13 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import hmac
 import itertools
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from nexuskv import EvictionCallback, Lineage, StateDescriptor, StoredState, get_logger, parent_slot, pick_victims
+from nexuskv import (
+    ConfigError,
+    EvictionCallback,
+    Lineage,
+    StateDescriptor,
+    StoredState,
+    get_logger,
+    parent_slot,
+    pick_victims,
+    slot_of,
+    store_name,
+)
 from nexuskv_tier_mooncake._link import MasterLink, MooncakeTierError
 from nexuskv_tier_mooncake.mooncake_client import (
     NO_ROOM,
@@ -57,6 +70,10 @@ class MooncakeStore:
     Calls raise `MooncakeTierError` when the master is unreachable, within `probe_timeout_s`, never Mooncake's own
     retry loops (tens of seconds). Objects found gone (evicted by Mooncake, lost with a restarted master) are
     reported through the eviction callback, so the kernel's index stays exact.
+
+    Object keys are the slots' keyed names under the name key the kernel hands over (`use_name_key`) before
+    anything else; until then `put` / `get` / `delete` raise `ConfigError`. A read whose object's descriptor is not
+    the slot's (an object renamed or copied under this slot's key) is dropped, never served (`misnamed`).
     """
 
     shared = True
@@ -119,6 +136,8 @@ class MooncakeStore:
         self.evictions = 0
         self.floor = 0.0  # priority of the most valuable payload evicted so far (GreedyDual's L)
         self._resync = False  # the last check got no answer for some objects
+        self._name_key: bytes | None = None
+        self.misnamed = 0  # objects read under a slot's key whose descriptor is another slot's
         self._last_sync = time.monotonic()
         self._link = MasterLink(name, mooncake, master, address,
                                 (local_hostname, metadata_server, self.segment_bytes, self.local_buffer_bytes,
@@ -156,9 +175,24 @@ class MooncakeStore:
             for slot, desc, data in evicted:
                 cb(slot, desc, data)
 
+    def use_name_key(self, key: bytes) -> None:
+        """Name objects by `store_name(key, slot)`: the kernel calls it with the deployment's name key first.
+
+        A store used on its own needs one too (`nexuskv.StateSeal(secret).name_key`): clients with the same key
+        share objects, any other key finds none. The key cannot change.
+        """
+        store_name(key, b"")  # ValueError for a key that is no name key
+        if self._name_key is not None and not hmac.compare_digest(self._name_key, key):
+            raise ConfigError(f"tier {self.name}: its name key cannot change while it is open")
+        self._name_key = bytes(key)
+
     def key_of(self, slot: bytes) -> str:
-        """The Mooncake object key of a slot: `{prefix}/{slot hex}` (slots are keyed per namespace already)."""
-        return f"{self.prefix}/{slot.hex()}"
+        """The Mooncake object key of a slot: `{prefix}/{store_name(name key, slot)}`, never the slot."""
+        key = self._name_key
+        if key is None:
+            raise ConfigError(f"tier {self.name}: no name key (the kernel hands it over; on its own call "
+                              f"use_name_key(key) first): objects are never named by slot")  # fmt: skip
+        return f"{self.prefix}/{store_name(key, slot)}"
 
     def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0,
             ttl_s: float | None = None) -> bool:  # fmt: skip
@@ -168,12 +202,12 @@ class MooncakeStore:
         put succeeds. A slot whose removal still waits on a reader's lease is not stored again until it is gone.
         Raises `MooncakeTierError` when the master is unreachable (nothing changes then).
         """
+        key = self.key_of(slot)  # ConfigError without a name key
         view = memoryview(payload).cast("B")
         header = encode_header(descriptor)
         size = len(header) + view.nbytes
         if size > self.capacity_bytes or (ttl_s is not None and ttl_s <= 0):
             return False
-        key = self.key_of(slot)
         expired: _Evicted = []
         with self._write_lock:
             client = self._connected()
@@ -198,7 +232,7 @@ class MooncakeStore:
                 for v in victims:
                     refused |= not self._remove(client, v.key, v.size)  # a read lease: its room comes later
                     with self._lock:
-                        s = bytes.fromhex(v.key.rpartition("/")[2])
+                        s = slot_of(bytes.fromhex(v.descriptor.key), v.descriptor.group)  # never parsed from the key
                         if self._forget(s, v):
                             self.floor = max(self.floor, v.priority)  # GreedyDual aging
                             self.evictions += 1
@@ -264,6 +298,7 @@ class MooncakeStore:
         a registered scratch buffer and a copy. A slot this process never stored is read too (the tier is shared).
         An object found gone is reported as evicted.
         """
+        key = self.key_of(slot)  # ConfigError without a name key
         with self._lock:
             e = self._slots.get(slot)
             gone: _Evicted = []
@@ -274,7 +309,7 @@ class MooncakeStore:
         if gone:
             self._notify(gone)
             return None
-        key = e.key if e is not None else self.key_of(slot)
+        key = e.key if e is not None else key
         if e is None and key in self._doomed:  # deleted here; its removal waits on a lease
             return None
         client = self._link.enter()  # counted: close waits for this read before it closes the client
@@ -299,6 +334,9 @@ class MooncakeStore:
             desc = e.descriptor if e is not None and head == e.header else decode_descriptor(head)
         except ValueError as exc:
             return self._bad(slot, e, key, str(exc))
+        if desc.key != slot[:-1].hex() or desc.group != slot[-1]:  # another slot's object under this slot's key
+            self.misnamed += 1
+            return self._bad(slot, e, key, "another slot's state under this slot's key (renamed or copied)")
         if e is not None:
             with self._lock:
                 if self._slots.get(slot) is e:
@@ -335,6 +373,7 @@ class MooncakeStore:
         get grants one for `lease_ttl_s`): the removal is then retried once the lease has run out (on later calls,
         or `flush_removals`), and `used_bytes` counts the object until it went through.
         """
+        self.key_of(slot)  # ConfigError without a name key
         with self._write_lock:
             with self._lock:
                 e = self._slots.get(slot)

@@ -19,6 +19,7 @@ from nexuskv import (
     Request,
     StateDescriptor,
     StateGroup,
+    StateSeal,
     TokenizerIdentity,
     TokenSpan,
     checksum,
@@ -32,6 +33,16 @@ if WHY:  # the wheel cannot run here (not Linux x86_64, libibverbs1 missing): ev
     pytest.skip(f"Mooncake unavailable: {WHY}", allow_module_level=True)
 
 HANG_S = 10.0  # "did not hang": far above every timeout configured here, far below Mooncake's own retry loops
+
+SECRET_HEX = "ab" * 16  # the kernels' secret (`kernel_from_config`)
+NAME_KEY = StateSeal(bytes.fromhex(SECRET_HEX)).name_key
+"""The name key of the kernels' secret: a store opened on its own with it names objects as those kernels do."""
+
+
+def keyed(store, key: bytes = NAME_KEY):  # type: ignore[no-untyped-def]
+    """`store`, handed the name key as a kernel would hand it (before anything else)."""
+    store.use_name_key(key)
+    return store
 
 
 def slot(i: int, group: int = 0) -> bytes:
@@ -62,7 +73,7 @@ def kernel_from_config(tmp_path, master: str, prefix: str, **tier: object) -> Ke
     lines = [f"{k} = {json.dumps(v)}" for k, v in opts.items()]
     cfg = tmp_path / "kernel.toml"
     # No prefetch and no promotion on hit: either would copy blocks elsewhere, and plans would stop asking mooncake.
-    cfg.write_text(f'node = "n1"\nsecret = "{"ab" * 16}"\nprofile = "profile.json"\nload_timeout_ms = 3000\n'
+    cfg.write_text(f'node = "n1"\nsecret = "{SECRET_HEX}"\nprofile = "profile.json"\nload_timeout_ms = 3000\n'
                    "breaker_threshold = 2\nbreaker_cooldown_s = 0.5\nprefetch_max_tasks = 0\npromote_on_hit = false\n"
                    f'[tiers.mc]\nstore = "mooncake"\nmaster = "{master}"\nprefix = "{prefix}"\n'
                    + "\n".join(lines) + "\n")  # fmt: skip

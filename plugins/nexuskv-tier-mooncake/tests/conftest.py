@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from _tier_mooncake_helpers import NAME_KEY
 
 from nexuskv_tier_mooncake.testing import MooncakeMaster
 
@@ -36,7 +37,7 @@ def make_store(mooncake_master, prefix):
 
     made: list[MooncakeStore] = []
 
-    def make(**kw) -> MooncakeStore:
+    def make(name_key: bytes | None = NAME_KEY, **kw) -> MooncakeStore:
         kw.setdefault("master", mooncake_master.address)
         kw.setdefault("prefix", prefix)
         kw.setdefault("capacity_bytes", 64 << 20)
@@ -44,6 +45,8 @@ def make_store(mooncake_master, prefix):
         kw.setdefault("lease_ttl_s", LEASE_MS / 1e3)
         s = MooncakeStore(**kw)
         made.append(s)
+        if name_key is not None:  # as the kernel does, before anything else
+            s.use_name_key(name_key)
         return s
 
     yield make

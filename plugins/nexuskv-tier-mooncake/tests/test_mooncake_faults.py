@@ -5,7 +5,17 @@ import signal
 import time
 
 import pytest
-from _tier_mooncake_helpers import HANG_S, describe, eventually, kernel_from_config, make_request, payload, slot, timed
+from _tier_mooncake_helpers import (
+    HANG_S,
+    describe,
+    eventually,
+    kernel_from_config,
+    keyed,
+    make_request,
+    payload,
+    slot,
+    timed,
+)
 
 from nexuskv import PlanAction
 from nexuskv_tier_mooncake import MooncakeStore, MooncakeTierError
@@ -73,8 +83,8 @@ def test_master_killed_mid_run_gives_recompute_then_recovers(tmp_path, own_moonc
 def test_a_store_started_while_the_master_is_down_connects_later(own_mooncake_master, prefix):
     master = own_mooncake_master
     master.kill()
-    store, took = timed(MooncakeStore, master=master.address, prefix=prefix, capacity_bytes=16 << 20,
-                        local_buffer_bytes=16 << 20, down_backoff_s=0.1)  # fmt: skip
+    store, took = timed(lambda **kw: keyed(MooncakeStore(**kw)), master=master.address, prefix=prefix,
+                        capacity_bytes=16 << 20, local_buffer_bytes=16 << 20, down_backoff_s=0.1)  # fmt: skip
     try:
         assert took < HANG_S and len(store) == 0  # starts (empty) instead of failing the kernel's start
         d = payload(1000)
@@ -90,8 +100,8 @@ def test_a_store_started_while_the_master_is_down_connects_later(own_mooncake_ma
 
 def test_a_frozen_master_costs_the_rpc_timeout_not_more(own_mooncake_master, prefix):
     master = own_mooncake_master
-    store = MooncakeStore(master=master.address, prefix=prefix, capacity_bytes=16 << 20,
-                          local_buffer_bytes=16 << 20, rpc_timeout_s=0.5, down_backoff_s=0.3)  # fmt: skip
+    store = keyed(MooncakeStore(master=master.address, prefix=prefix, capacity_bytes=16 << 20,
+                                local_buffer_bytes=16 << 20, rpc_timeout_s=0.5, down_backoff_s=0.3))  # fmt: skip
     d = payload(1000)
     assert store.put(slot(1), d, describe(slot(1), d))
     os.kill(master.proc.pid, signal.SIGSTOP)  # its port still accepts connections (the backlog), nothing answers
@@ -112,8 +122,8 @@ def test_a_frozen_master_costs_the_rpc_timeout_not_more(own_mooncake_master, pre
 
 def test_close_after_the_master_died_is_bounded(own_mooncake_master, prefix):
     master = own_mooncake_master
-    store = MooncakeStore(master=master.address, prefix=prefix, capacity_bytes=16 << 20,
-                          local_buffer_bytes=16 << 20)  # fmt: skip
+    store = keyed(MooncakeStore(master=master.address, prefix=prefix, capacity_bytes=16 << 20,
+                                local_buffer_bytes=16 << 20))  # fmt: skip
     d = payload(100)
     assert store.put(slot(1), d, describe(slot(1), d))
     master.kill()

@@ -1,4 +1,9 @@
-"""How the Redis tier lays a slot out: key names per tenant, and the metadata record beside the payload chunks."""
+"""How the Redis tier lays a slot out: key names per tenant, and the metadata record beside the payload chunks.
+
+A key is `{prefix}:{tenant}:{name}`, `name` the slot's keyed name (`nexuskv.store_name`): a `SCAN` of the server
+shows which tenants hold state, never which blocks. The tenant stays readable because per-tenant ACL users
+(`RedisStore.grant`, or an operator's own rules) are key patterns, `~{prefix}:{tenant}:*`.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ _FIELDS: list[bytes] = []
 _GLOB = re.compile(r"([*?\[\]\\])")
 
 
-_SLOT = re.compile(r"^[0-9a-f]{2,}$")
+_NAME = re.compile(r"^[0-9a-f]{2,}$")  # a keyed name (or an older version's raw slot: then skipped by the caller)
 
 
 def chunk_fields(n: int) -> list[bytes]:
@@ -50,9 +55,9 @@ def tenant_prefix(prefix: str, tenant: str) -> str:
     return f"{prefix}:{tenant_part(tenant)}:"
 
 
-def slot_key(prefix: str, tenant: str, slot: bytes) -> bytes:
-    """The key of one slot of one tenant: `{prefix}:{tenant}:{slot hex}` (a Redis hash)."""
-    return (tenant_prefix(prefix, tenant) + slot.hex()).encode()
+def slot_key(prefix: str, tenant: str, name: str) -> bytes:
+    """The key of one slot of one tenant: `{prefix}:{tenant}:{name}` (a Redis hash), `name` its keyed name."""
+    return (tenant_prefix(prefix, tenant) + name).encode()
 
 
 def glob_escape(text: str) -> str:
@@ -60,16 +65,19 @@ def glob_escape(text: str) -> str:
     return _GLOB.sub(r"\\\1", text)
 
 
-def parse_key(prefix: str, key: bytes) -> tuple[str, bytes] | None:
-    """(tenant, slot) of a key this store wrote under `prefix`, or None for any other key."""
+def parse_key(prefix: str, key: bytes) -> tuple[str, str] | None:
+    """(tenant, name) of a key of this layout under `prefix`, or None for any other key.
+
+    The name is not a slot: the slot comes from the descriptor stored under the key (`nexuskv.slot_named`).
+    """
     text = key.decode("utf-8", "replace")
     head = prefix + ":"
     if not text.startswith(head):
         return None
     parts = text[len(head) :].split(":")
-    if len(parts) != 2 or not _SLOT.match(parts[1]) or len(parts[1]) % 2:
+    if len(parts) != 2 or not _NAME.match(parts[1]):
         return None
-    return unquote(parts[0]), bytes.fromhex(parts[1])
+    return unquote(parts[0]), parts[1]
 
 
 @define

@@ -1,13 +1,15 @@
 """The Redis tier store: payloads and descriptors in a Redis server, chunked, written atomically, read in one trip.
 
-Each slot is one Redis hash `{prefix}:{tenant}:{slot hex}` holding the metadata record, a write token and the
-payload in chunks, so one MULTI/EXEC writes it (readers never see half a value), one HMGET reads it back, and one
-EXPIRE / DEL covers all of it. Capacity and priority eviction are enforced from metadata kept in this process.
+Each slot is one Redis hash `{prefix}:{tenant}:{name}` (`name` the slot's keyed name, never the slot) holding the
+metadata record, a write token and the payload in chunks, so one MULTI/EXEC writes it (readers never see half a
+value), one HMGET reads it back, and one EXPIRE / DEL covers all of it. Capacity and priority eviction are enforced
+from metadata kept in this process.
 """
 
 from __future__ import annotations
 
 import heapq
+import hmac
 import itertools
 import os
 import threading
@@ -18,7 +20,19 @@ from typing import Any, TypeVar
 
 import redis
 
-from nexuskv import EvictionCallback, Lineage, StateDescriptor, StoredState, get_logger, parent_slot, pick_victims
+from nexuskv import (
+    ConfigError,
+    EvictionCallback,
+    Lineage,
+    StateDescriptor,
+    StoredState,
+    get_logger,
+    parent_slot,
+    pick_victims,
+    slot_named,
+    slot_of,
+    store_name,
+)
 from nexuskv_tier_redis.client import make_client, where
 from nexuskv_tier_redis.layout import (
     META,
@@ -57,6 +71,11 @@ class RedisStore:
     `password` for the server. Calls raise `RedisTierError` when the server is unreachable; they never wait longer
     than the timeouts. Keys found missing on the server (TTL, a flush, a restart without persistence) are
     reported through the eviction callback, so the kernel's index stays exact.
+
+    Keys are named by the slot's keyed name (`store_name`), under the name key the kernel hands over
+    (`use_name_key`) before anything else: the server is read only then, and until then `put` / `get` / `delete`
+    raise `ConfigError`. Reading the server back takes each slot from the descriptor stored under a key and skips
+    (counts in `misnamed`) a key that is not that slot's keyed name under that descriptor's tenant.
     """
 
     shared = True
@@ -111,12 +130,35 @@ class RedisStore:
         self._last_error = ""
         self._suspect = False  # a call failed since the last success: check for a server restart first
         self._run_id: str | None = None
+        self._name_key: bytes | None = None
+        self.misnamed = 0  # keys skipped when reading the server back: not the keyed name of their state
+
+    def use_name_key(self, key: bytes) -> None:
+        """Name keys by `store_name(key, slot)`, then (the first time) read what the server holds back.
+
+        The kernel calls it with the deployment's name key before anything else; a store used on its own needs one
+        too (`nexuskv.StateSeal(secret).name_key`: the same secret finds the same keys). The key cannot change.
+        """
+        store_name(key, b"")  # ValueError for a key that is no name key
+        if self._name_key is not None:
+            if not hmac.compare_digest(self._name_key, key):
+                raise ConfigError(f"tier {self.name}: its name key cannot change while it is open")
+            return
+        self._name_key = bytes(key)
         try:
             self._run_id = self._server_id()
             self._adopt(self._scan())
         except RedisTierError as exc:
+            self._run_id = None  # read back in full once the server answers
             log.error("redis tier unreachable at start; it starts empty and re-reads the server once it answers",
-                      tier=name, server=self._where, error=str(exc))  # fmt: skip
+                      tier=self.name, server=self._where, error=str(exc))  # fmt: skip
+
+    def _keyed(self) -> bytes:
+        key = self._name_key
+        if key is None:
+            raise ConfigError(f"tier {self.name}: no name key (the kernel hands it over; on its own call "
+                              f"use_name_key(key) first): keys are never named by slot")  # fmt: skip
+        return key
 
     # ------------------------------------------------------------------------------------------ server calls
 
@@ -152,8 +194,10 @@ class RedisStore:
         run_id = self._server_id()
         if run_id == self._run_id:
             return
-        log.warning("redis server restarted; re-reading the tier", tier=self.name, server=self._where)
         self._run_id = run_id
+        if self._name_key is None:  # nothing was read yet: `use_name_key` reads the server
+            return
+        log.warning("redis server restarted; re-reading the tier", tier=self.name, server=self._where)
         try:
             found = self._scan()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
@@ -162,8 +206,15 @@ class RedisStore:
         self._adopt(found)
 
     def _scan(self) -> dict[bytes, Entry]:
-        """Every slot under this store's prefix, from the metadata records on the server (no payload reads)."""
+        """Every slot under this store's prefix, from the metadata records on the server (no payload reads).
+
+        A slot is the one its descriptor names, kept only when its key is that slot's keyed name under the
+        descriptor's tenant; any other key (renamed, planted, another secret's, an older version's raw slot name) is
+        skipped and counted, never deleted (the server is shared).
+        """
+        name_key = self._keyed()
         found: dict[bytes, Entry] = {}
+        skipped = [0]
         match = glob_escape(self.prefix) + ":*"
         batch: list[bytes] = []
 
@@ -184,7 +235,12 @@ class RedisStore:
                     log.warning("unreadable redis tier entry skipped", tier=self.name, key=key.decode(errors="replace"),
                                 error=str(exc))  # fmt: skip
                     continue
-                found[parsed[1]] = entry
+                desc = entry.descriptor
+                s = slot_named(name_key, parsed[1], desc)
+                if s is None or key != slot_key(self.prefix, desc.namespace.tenant, parsed[1]):
+                    skipped[0] += 1
+                    continue
+                found[s] = entry
             batch.clear()
 
         try:
@@ -196,6 +252,11 @@ class RedisStore:
                 flush()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise self._failed(exc) from exc
+        if skipped[0]:
+            self.misnamed += skipped[0]
+            log.warning("redis tier keys not under the keyed name of their state skipped (renamed, planted, another "
+                        "secret's, or named by raw slot before names were keyed)", tier=self.name,
+                        keys=skipped[0])  # fmt: skip
         return found
 
     def _adopt(self, found: dict[bytes, Entry]) -> None:
@@ -227,8 +288,8 @@ class RedisStore:
                 cb(slot, desc, data)
 
     def key_of(self, slot: bytes, tenant: str) -> bytes:
-        """The Redis key of a slot of a tenant."""
-        return slot_key(self.prefix, tenant, slot)
+        """The Redis key of a slot of a tenant: `{prefix}:{tenant}:{store_name(name key, slot)}`."""
+        return slot_key(self.prefix, tenant, store_name(self._keyed(), slot))
 
     def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0,
             ttl_s: float | None = None) -> bool:  # fmt: skip
@@ -290,11 +351,11 @@ class RedisStore:
             evicted: _Evicted = []
             with self._lock:
                 for v in victims:
-                    s = parse_key(self.prefix, v.key)
-                    if s is not None and self._forget(s[1], v):
+                    s = slot_of(bytes.fromhex(v.descriptor.key), v.descriptor.group)  # never parsed from the key
+                    if self._forget(s, v):
                         self.floor = max(self.floor, v.priority)  # GreedyDual aging
                         self.evictions += 1
-                        evicted.append((s[1], v.descriptor, None))
+                        evicted.append((s, v.descriptor, None))
                 self._forget(slot, self._entries.get(slot))
                 self._entries[slot] = entry
                 self._lineage.add(slot, descriptor)
@@ -347,6 +408,7 @@ class RedisStore:
 
     def get(self, slot: bytes) -> StoredState | None:
         """The payload and descriptor of `slot` (one HMGET), or None; a key found gone is reported as evicted."""
+        self._keyed()
         with self._lock:
             e = self._entries.get(slot)
             if e is None:
@@ -385,6 +447,8 @@ class RedisStore:
                     new = decode_meta(e.key, raw[META], pttl, next(self._seq))
                 except ValueError as exc:
                     return self._bad(slot, e, str(exc))
+                if not _is_slot(new.descriptor, slot):
+                    return self._bad(slot, e, "another slot's state under this slot's key")
                 parts = [raw.get(f) for f in chunk_fields(len(new.chunks))]
                 if all(p is not None and len(p) == n for p, n in zip(parts, new.chunks, strict=True)):
                     with self._lock:
@@ -412,6 +476,7 @@ class RedisStore:
 
     def delete(self, slot: bytes) -> bool:
         """Drop a payload (on the server too); True if it was held. Deletion is not an eviction: no callback."""
+        self._keyed()
         with self._write_lock:
             with self._lock:
                 e = self._entries.get(slot)
@@ -485,8 +550,8 @@ class TenantView:
         self._owned = owned
 
     def key_of(self, slot: bytes) -> bytes:
-        """This tenant's key of a slot."""
-        return slot_key(self.store.prefix, self.tenant, slot)
+        """This tenant's key of a slot (its keyed name, under this tenant's prefix)."""
+        return self.store.key_of(slot, self.tenant)
 
     def _read(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -512,8 +577,14 @@ class TenantView:
         return StoredState(b"".join(parts), e.descriptor)  # type: ignore[arg-type]
 
     def get(self, slot: bytes) -> StoredState | None:
-        """This tenant's payload of `slot`, or None (also when the slot belongs to another tenant)."""
-        return self.read_key(self.key_of(slot))
+        """This tenant's payload of `slot`, or None.
+
+        None also when the slot belongs to another tenant, or the key holds another slot's or another tenant's state
+        (renamed or copied there).
+        """
+        got = self.read_key(self.key_of(slot))
+        ok = got is not None and _is_slot(got.descriptor, slot) and got.descriptor.namespace.tenant == self.tenant
+        return got if ok else None
 
     def __contains__(self, slot: object) -> bool:
         return isinstance(slot, bytes) and bool(self._read(self._client.exists, self.key_of(slot)))
@@ -522,3 +593,8 @@ class TenantView:
         """Close the view's own connections (a view without credentials shares the store's)."""
         if self._owned:
             self._client.close()
+
+
+def _is_slot(desc: StateDescriptor, slot: bytes) -> bool:
+    """True when `desc` describes the state of `slot` (its block key and group)."""
+    return len(slot) == 17 and desc.group == slot[-1] and desc.key == slot[:-1].hex()

@@ -13,12 +13,21 @@ from nexuskv import (
     Request,
     StateDescriptor,
     StateGroup,
+    StateSeal,
     TokenizerIdentity,
     TokenSpan,
     checksum,
 )
 
 SECRET = bytes(32)
+NAME_KEY = StateSeal(SECRET).name_key
+"""The name key of `SECRET`: a store opened on its own with it names keys as the tests' kernels do."""
+
+
+def keyed(store, key: bytes = NAME_KEY):  # type: ignore[no-untyped-def]
+    """`store`, handed the name key as a kernel would hand it (before anything else)."""
+    store.use_name_key(key)
+    return store
 
 
 def slot(i: int, group: int = 0) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from _tier_redis_helpers import NAME_KEY
 
 from nexuskv_tier_redis import RedisStore
 from nexuskv_tier_redis.testing import RedisServer, RedisServerMissing
@@ -42,12 +43,14 @@ def prefix():
 def make_store(redis_server, prefix):
     made: list[RedisStore] = []
 
-    def make(**kw) -> RedisStore:
+    def make(name_key: bytes | None = NAME_KEY, **kw) -> RedisStore:
         kw.setdefault("url", redis_server.url)
         kw.setdefault("prefix", prefix)
         kw.setdefault("capacity_bytes", 64 << 20)
         s = RedisStore(**kw)
         made.append(s)
+        if name_key is not None:  # as the kernel does, before anything else
+            s.use_name_key(name_key)
         return s
 
     yield make

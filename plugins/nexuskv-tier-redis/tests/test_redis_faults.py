@@ -5,7 +5,7 @@ import signal
 import time
 
 import pytest
-from _tier_redis_helpers import SECRET, describe, eventually, make_request, payload, slot
+from _tier_redis_helpers import SECRET, describe, eventually, keyed, make_request, payload, slot
 
 from nexuskv import Kernel, KernelConfig, PlanAction
 from nexuskv_tier_redis import RedisStore, RedisTierError
@@ -85,7 +85,7 @@ def _materializing(k, req, keys):
 
 def test_frozen_server_costs_the_read_timeout_not_more(own_redis_server, prefix):
     srv = own_redis_server
-    store = RedisStore(url=srv.url, prefix=prefix, read_timeout_s=0.3, down_backoff_s=0.3)
+    store = keyed(RedisStore(url=srv.url, prefix=prefix, read_timeout_s=0.3, down_backoff_s=0.3))
     data = payload(1000)
     store.put(slot(1), data, describe(slot(1), data))
     os.kill(srv.proc.pid, signal.SIGSTOP)  # accepts connections (the kernel's backlog), never answers
@@ -122,11 +122,11 @@ def test_frozen_server_in_a_kernel_gives_recompute_within_the_load_timeout(own_r
 def test_server_down_at_start_then_up(own_redis_server, prefix):
     srv = own_redis_server
     data = payload(100)
-    first = RedisStore(url=srv.url, prefix=prefix)
+    first = keyed(RedisStore(url=srv.url, prefix=prefix))
     first.put(slot(1), data, describe(slot(1), data))
     first.close()
     srv.kill()
-    store, took = timed(RedisStore, url=srv.url, prefix=prefix, down_backoff_s=0.1)
+    store, took = timed(lambda **kw: keyed(RedisStore(**kw)), url=srv.url, prefix=prefix, down_backoff_s=0.1)
     assert took < HANG_S and len(store) == 0  # starts (empty) instead of failing the kernel's start
     srv.start()
     data2 = payload(50)
@@ -150,7 +150,7 @@ def _quiet_get(store, s):
 def test_a_full_server_refuses_the_put_instead_of_failing(own_redis_server, prefix):
     own_redis_server.client().config_set("maxmemory", 4 << 20)
     own_redis_server.client().config_set("maxmemory-policy", "noeviction")
-    store = RedisStore(url=own_redis_server.url, prefix=prefix)
+    store = keyed(RedisStore(url=own_redis_server.url, prefix=prefix))
     data = payload(8 << 20)
     assert not store.put(slot(1), data, describe(slot(1), data))
     assert len(store) == 0 and store.used_bytes() == 0

@@ -145,13 +145,15 @@ class LeaseRegistry:
         return True  # owner not visible from here: the TTL alone decides
 
 
-Removed = tuple[str, bytes | None, bytes | None]  # name, slot, descriptor JSON
+Removed = tuple[str, str | None, bytes | None]  # file name, a published segment's keyed name, descriptor JSON
 
 
 def reap(directory: Path, namespace: str, registry: LeaseRegistry, grace_s: float) -> list[Removed]:
     """Remove what dead or expired leases left in `directory`: segments, half-written segments, lease records.
 
-    Returns (name, slot, descriptor bytes) of everything removed (None where not known). Published segments
+    Returns (file name, keyed name, descriptor bytes) of everything removed: the keyed name (`store_name`) of
+    published segments only, the descriptor where it could be read (None otherwise); a name is never taken for a
+    slot (the store derives the slot from the descriptor and checks the name against it). Published segments
     go when their lease is no longer alive or their TTL passed; temp segments when their writer's lease is not
     alive; a lease record last, after its segments. Entries that cannot be attributed (bad header, stray `.new`
     files) go after `grace_s`.
@@ -195,22 +197,17 @@ def reap(directory: Path, namespace: str, registry: LeaseRegistry, grace_s: floa
                 unlink_quietly(path)
                 removed.append((entry.name, None, None))
         else:
-            try:
-                slot = bytes.fromhex(rest)
-            except ValueError:
-                continue
             meta = read_meta(path)
-            if meta is None:
-                if old(entry):
-                    unlink_quietly(path)
-                    removed.append((entry.name, slot, None))
+            if meta is None:  # damaged, half-published, or not this user's (never read, and not ours to remove)
+                if old(entry) and unlink_quietly(path):
+                    removed.append((entry.name, rest, None))
                 continue
             h, desc, st = meta
             if h.expired(now) or not alive(h.lease_id):
                 if not h.expired(now) and registry.alive(h.lease_id):  # a lease granted since the first look
                     continue
                 if unlink_if_same(path, st.st_ino):
-                    removed.append((entry.name, slot, desc))
+                    removed.append((entry.name, rest, desc))
     for entry in dead_leases:
         unlink_quietly(entry.path)
         removed.append((entry.name, None, None))

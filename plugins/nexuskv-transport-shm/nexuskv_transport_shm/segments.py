@@ -7,7 +7,6 @@ names live), so no Python resource tracker ever owns a segment: lifetime is deci
 from __future__ import annotations
 
 import collections
-import contextlib
 import mmap
 import os
 import re
@@ -37,9 +36,13 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
-def segment_name(namespace: str, slot: bytes) -> str:
-    """The published name of a slot's segment: one per slot and namespace on the host."""
-    return f"{namespace}-{SEGMENT}-{slot.hex()}"
+def segment_name(namespace: str, name: str) -> str:
+    """The published name of a slot's segment: one per slot and namespace on the host.
+
+    `name` is the slot's keyed name (`nexuskv.store_name`), never the slot: a listing of the directory shows no slot
+    or block key.
+    """
+    return f"{namespace}-{SEGMENT}-{name}"
 
 
 def temp_name(namespace: str, lease_id: str) -> str:
@@ -53,7 +56,7 @@ def lease_name(namespace: str, lease_id: str) -> str:
 
 
 def parse_name(namespace: str, name: str) -> tuple[str, str] | None:
-    """(kind, rest) of a name in this namespace: rest is the slot hex, `lease-rand` or the lease id."""
+    """(kind, rest) of a name in this namespace: rest is the slot's keyed name, `lease-rand` or the lease id."""
     head, sep, rest = name.partition("-")
     if head != namespace or not sep:
         return None
@@ -318,6 +321,10 @@ def unlink_if_same(path: str, ino: int) -> bool:
     return True
 
 
-def unlink_quietly(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+def unlink_quietly(path: str) -> bool:
+    """Unlink `path`; False when it was gone already or is not ours to remove (another user's, in sticky /dev/shm)."""
+    try:
         os.unlink(path)
+    except (FileNotFoundError, PermissionError):
+        return False
+    return True

@@ -1,12 +1,14 @@
 """The host-wide shared-memory tier store: one POSIX shm segment per slot, owned by its writer's lease.
 
-Any process of the host that opens a `ShmStore` on the same directory and namespace sees the same segments;
-a segment lives as long as its writer's lease, and whichever process notices a dead lease first reclaims it.
+Any process of the host that opens a `ShmStore` on the same directory and namespace, with the same name key
+(the same deployment secret), sees the same segments; a segment lives as long as its writer's lease, and whichever
+process notices a dead lease first reclaims it. Segments are named by a keyed hash of their slot, never the slot.
 """
 
 from __future__ import annotations
 
 import heapq
+import hmac
 import itertools
 import json
 import os
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from nexuskv import (
+    ConfigError,
     EvictionCallback,
     Lineage,
     StateDescriptor,
@@ -26,6 +29,8 @@ from nexuskv import (
     get_logger,
     parent_slot,
     pick_victims,
+    slot_named,
+    store_name,
     to_dict,
 )
 from nexuskv_transport_shm import leases, segments
@@ -51,6 +56,13 @@ class ShmStore:
 
     `shm_dir` must be a tmpfs (the default is where Linux keeps POSIX shm objects); the namespace separates
     deployments sharing it. Segments are created with `mode` (owner-only by default: KV state is user data).
+
+    - Keyed names: a slot's segment is `{namespace}-s-{store_name(name_key, slot)}`, so listing the directory
+      reveals no slot or block key, and only holders of the deployment's secret can name (ask for, plant under) a
+      slot. The kernel hands the name key over (`use_name_key`) before anything else; until then every call that
+      would name a slot or list segments raises `ConfigError`. A listing (`slots`, `descriptors`) takes the slot
+      from each segment's descriptor and skips (counts in `misnamed`) a segment not under that slot's keyed name;
+      a read does the same for a segment whose descriptor is not the slot's.
     """
 
     shared = True
@@ -88,11 +100,45 @@ class ShmStore:
         self._descs_lock = threading.Lock()
         self.evictions = 0
         self.reaped = 0
+        self.misnamed = 0  # segments skipped: not under the keyed name of the state they hold
+        self._name_key: bytes | None = None
         self.floor = 0.0
         self._stop = threading.Event()
         self.reap()
         self._thread = threading.Thread(target=self._run, name=f"nexuskv-shm-{name}", daemon=True)
         self._thread.start()
+
+    # ---------------------------------------------------------------- names
+
+    def use_name_key(self, key: bytes) -> None:
+        """Name segments by `store_name(key, slot)`: the kernel calls it with the deployment's name key first.
+
+        A store used on its own needs one too (`nexuskv.StateSeal(secret).name_key`): processes with the same key
+        find each other's segments, any other key finds none. The key cannot change.
+        """
+        store_name(key, b"")  # ValueError for a key that is no name key
+        with self._lock:
+            if self._name_key is not None and not hmac.compare_digest(self._name_key, key):
+                raise ConfigError(f"tier {self.name}: its name key cannot change while it is open")
+            self._name_key = bytes(key)
+
+    def _keyed(self) -> bytes:
+        key = self._name_key
+        if key is None:
+            raise ConfigError(f"tier {self.name}: no name key (the kernel hands it over; on its own call "
+                              f"use_name_key(key) first): segments are never named by slot")  # fmt: skip
+        return key
+
+    def segment_of(self, slot: bytes) -> str:
+        """The name of the segment that holds (or would hold) `slot`: its keyed name, never the slot."""
+        return segments.segment_name(self.namespace, store_name(self._keyed(), slot))
+
+    def _slot_of(self, name: str, raw: bytes | None) -> tuple[bytes | None, StateDescriptor | None]:
+        """(slot, descriptor) of a segment from its descriptor, the slot None unless `name` is its keyed name."""
+        desc = self._descriptor(raw) if raw is not None else None
+        if desc is None or self._name_key is None:
+            return None, desc
+        return slot_named(self._name_key, name, desc), desc
 
     # ---------------------------------------------------------------- leases and reaping
 
@@ -166,13 +212,13 @@ class ShmStore:
         if not removed:
             return []
         self.reaped += len(removed)
-        gone = [(slot, self._descriptor(raw) if raw is not None else None) for _, slot, raw in removed
-                if slot is not None]  # fmt: skip
+        named = [self._slot_of(keyed, raw) for _, keyed, raw in removed if keyed is not None]
+        gone = [(slot, desc) for slot, desc in named if slot is not None and desc is not None]
         with self._lock:
             for slot, _ in gone:
                 self._forget(slot)
-        log.info("shm segments reclaimed", tier=self.name, removed=len(removed), segments=len(gone))
-        self._notify([(slot, desc, None) for slot, desc in gone if desc is not None])
+        log.info("shm segments reclaimed", tier=self.name, removed=len(removed), segments=len(named))
+        self._notify([(slot, desc, None) for slot, desc in gone])
         return [name for name, _, _ in removed]
 
     def _reconcile(self) -> None:
@@ -193,7 +239,7 @@ class ShmStore:
         self._on_evict = callback
 
     def _path(self, slot: bytes) -> str:
-        return f"{self._dir}/{self.namespace}-{segments.SEGMENT}-{slot.hex()}"
+        return f"{self._dir}/{self.segment_of(slot)}"
 
     def put(self, slot: bytes, payload: bytes | memoryview, descriptor: StateDescriptor, priority: float = 0.0,
             ttl_s: float | None = None) -> bool:  # fmt: skip
@@ -208,7 +254,7 @@ class ShmStore:
         existing = self._live_meta(slot)
         if existing is not None and existing[0].lease_id != self.lease_id:
             desc = self._descriptor(existing[1])
-            if desc is not None and desc.checksum == descriptor.checksum:
+            if desc is not None and desc.checksum == descriptor.checksum and _is_slot(desc, slot):
                 return True
         desc_bytes = json.dumps(to_dict(descriptor), separators=(",", ":")).encode()
         evicted: list[tuple[bytes, StateDescriptor, memoryview | None]] = []
@@ -226,8 +272,8 @@ class ShmStore:
                 expires = time.time() + ttl_s if ttl_s is not None else 0.0
                 try:
                     ino = segments.write_segment(self.directory, segments.temp_name(self.namespace, lease),
-                                          segments.segment_name(self.namespace, slot), desc_bytes, payload, lease,
-                                          expires, priority, self.mode)  # fmt: skip
+                                                 self.segment_of(slot), desc_bytes, payload, lease, expires,
+                                                 priority, self.mode)  # fmt: skip
                 except OSError as exc:
                     log.warning("shm put failed", tier=self.name, slot=slot.hex(), error=repr(exc))
                     ok = False  # an old segment of ours may have been kept; reconcile will tell
@@ -333,6 +379,9 @@ class ShmStore:
         desc = self._descriptor(mapped.desc)
         if desc is None:
             return None
+        if not _is_slot(desc, slot):  # another slot's state under this slot's name (renamed, or copied here)
+            self._misnamed(1)
+            return None
         return StoredState(mapped.view(), desc)
 
     def _reclaim(self, slot: bytes, path: str, mapped: segments.Mapped) -> None:
@@ -360,34 +409,51 @@ class ShmStore:
         return True
 
     def __contains__(self, slot: object) -> bool:
-        return isinstance(slot, bytes) and self._live_meta(slot) is not None
+        if not isinstance(slot, bytes):
+            return False
+        meta = self._live_meta(slot)
+        desc = self._descriptor(meta[1]) if meta is not None else None
+        return desc is not None and _is_slot(desc, slot)
 
-    def _segments(self) -> Iterator[tuple[bytes, str]]:
+    def _misnamed(self, n: int) -> None:
+        self.misnamed += n
+        log.warning("shm segments not under the keyed name of their state skipped (renamed, planted, another "
+                    "secret's, or named by raw slot before names were keyed)", tier=self.name, segments=n)  # fmt: skip
+
+    def _listing(self) -> list[tuple[bytes, StateDescriptor]]:
+        """(slot, descriptor) of every live segment of the namespace under its state's keyed name (a snapshot).
+
+        The slot is the descriptor's; the name is only checked against it (`slot_named`), never parsed.
+        """
+        self._keyed()
         try:
             entries = list(os.scandir(self.directory))
         except FileNotFoundError:
-            return
+            return []
+        out, skipped, now = [], 0, time.time()
         for entry in entries:
             parsed = segments.parse_name(self.namespace, entry.name)
-            if parsed is not None and parsed[0] == segments.SEGMENT:
-                try:
-                    yield bytes.fromhex(parsed[1]), entry.path
-                except ValueError:
-                    continue
+            if parsed is None or parsed[0] != segments.SEGMENT:
+                continue
+            meta = segments.read_meta(entry.path)
+            if meta is None or meta[0].expired(now) or not self.lease_alive(meta[0].lease_id):
+                continue
+            slot, desc = self._slot_of(parsed[1], meta[1])
+            if slot is None or desc is None:
+                skipped += desc is not None
+                continue
+            out.append((slot, desc))
+        if skipped:
+            self._misnamed(skipped)
+        return out
 
     def slots(self) -> Iterator[bytes]:
-        """Every slot with a live segment on the host (a snapshot)."""
-        return iter([slot for slot, _ in self._segments() if self._live_meta(slot) is not None])
+        """Every slot with a live segment on the host under its keyed name (a snapshot)."""
+        return iter([slot for slot, _ in self._listing()])
 
     def descriptors(self) -> Iterator[tuple[bytes, StateDescriptor]]:
         """(slot, descriptor) of every live segment on the host, from the headers (payloads are not mapped)."""
-        out = []
-        for slot, _ in self._segments():
-            meta = self._live_meta(slot)
-            desc = self._descriptor(meta[1]) if meta is not None else None
-            if desc is not None:
-                out.append((slot, desc))
-        return iter(out)
+        return iter(self._listing())
 
     def used_bytes(self) -> int:
         """Payload bytes of the segments this store wrote and still owns."""
@@ -407,3 +473,8 @@ class ShmStore:
                 self._drop_own(lease)
                 self.registry.revoke(lease)
             self.lease_id = None
+
+
+def _is_slot(desc: StateDescriptor, slot: bytes) -> bool:
+    """True when `desc` describes the state of `slot` (its block key and group)."""
+    return len(slot) == 17 and desc.group == slot[-1] and desc.key == slot[:-1].hex()

@@ -21,13 +21,28 @@ from nexuskv import (
     Request,
     StateDescriptor,
     StateGroup,
+    StateSeal,
     TokenizerIdentity,
     TokenSpan,
     checksum,
     configure_logging,
+    store_name,
 )
 
 SECRET_HEX = bytes(range(32)).hex()
+NAME_KEY = StateSeal(bytes.fromhex(SECRET_HEX)).name_key
+"""The name key of the kernels' secret: a store opened on its own with it names segments as those kernels do."""
+
+
+def keyed(store, key: bytes = NAME_KEY):  # type: ignore[no-untyped-def]
+    """`store`, handed the name key as a kernel would hand it (before anything else)."""
+    store.use_name_key(key)
+    return store
+
+
+def seg(ns: str, slot: bytes, key: bytes = NAME_KEY) -> str:
+    """The published segment name of `slot` in namespace `ns` under `key`."""
+    return f"{ns}-s-{store_name(key, slot)}"
 
 
 def descriptor(slot: bytes, payload: bytes | memoryview, tier: str = "shm") -> StateDescriptor:
@@ -76,7 +91,7 @@ def main() -> None:
 
     ns, ttl = args["ns"], args.get("ttl", 0.5)
     if mode == "store":
-        store = ShmStore(1 << 26, namespace=ns, lease_ttl_s=ttl, reap_interval_s=args.get("reap", 3600.0))
+        store = keyed(ShmStore(1 << 26, namespace=ns, lease_ttl_s=ttl, reap_interval_s=args.get("reap", 3600.0)))
         for i in range(args["n"]):
             payload = bytes([i % 256]) * args["size"]
             assert store.put(slot_n(i), payload, descriptor(slot_n(i), payload))
@@ -88,7 +103,7 @@ def main() -> None:
         sys.stdin.read()
         store.close()
     elif mode == "churn":
-        store = ShmStore(1 << 26, namespace=ns, lease_ttl_s=ttl, reap_interval_s=3600.0)
+        store = keyed(ShmStore(1 << 26, namespace=ns, lease_ttl_s=ttl, reap_interval_s=3600.0))
         slot = slot_n(0)
         i = 0
         say(ready=True, pid=os.getpid())
@@ -107,7 +122,7 @@ def main() -> None:
         sys.stdin.read()
         k.close()
     elif mode == "reader":
-        store = ShmStore(1 << 20, namespace=ns, lease_ttl_s=ttl, reap_interval_s=3600.0)
+        store = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=ttl, reap_interval_s=3600.0))
         t = ShmTransport()
         out = []
         for i in args["slots"]:

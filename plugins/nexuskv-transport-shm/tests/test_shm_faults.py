@@ -4,7 +4,7 @@ import subprocess
 import sys
 import threading
 
-from _shm_peer import slot_n
+from _shm_peer import keyed, seg, slot_n
 from _shm_testing import PEER, eventually, ours, spawn
 
 from nexuskv import verify_checksum
@@ -22,7 +22,7 @@ def kill(proc, sig=signal.SIGKILL):
 
 def test_sigkilled_writer_is_never_served_and_its_segments_are_reaped_by_lease(ns):
     writer, hello = spawn("store", ns=ns, ttl=0.5, n=3, size=64 << 10, partial=True)
-    reader = ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600)  # reaps only when asked
+    reader = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600))  # reaps when asked
     t = ShmTransport()
     try:
         held = t.fetch(reader, slot_n(1))
@@ -49,10 +49,10 @@ def test_any_process_reaps_on_open_and_periodically(ns):
     writer, _ = spawn("store", ns=ns, ttl=0.5, n=2, size=1000)
     kill(writer)
     assert ours(ns)
-    ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600).close()  # a new opener reaps
+    ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600).close()  # a new opener reaps (keyed or not)
     assert ours(ns) == []
     writer, _ = spawn("store", ns=ns, ttl=0.5, n=2, size=1000)
-    watcher = ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=0.1)
+    watcher = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=0.1))
     try:
         assert len(ours(ns)) == 3
         kill(writer)
@@ -64,7 +64,7 @@ def test_any_process_reaps_on_open_and_periodically(ns):
 
 def test_hung_writer_expires_with_its_lease_ttl(ns):
     writer, _ = spawn("store", ns=ns, ttl=0.5, n=2, size=1000)
-    reader = ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=0.1)
+    reader = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=0.1))
     try:
         assert reader.get(slot_n(1)) is not None
         kill(writer, signal.SIGSTOP)  # alive but not renewing: only the TTL can tell
@@ -99,7 +99,7 @@ def test_reader_process_leaves_no_resource_tracker_warnings(ns):
 def test_readers_never_see_a_torn_payload_while_a_writer_replaces_it_and_dies(ns):
     size = 256 << 10
     writer, _ = spawn("churn", ns=ns, ttl=0.5, size=size)
-    reader = ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600)
+    reader = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600))
     t = ShmTransport()
     seen: set[int] = set()
     bad: list[str] = []
@@ -135,13 +135,13 @@ def test_readers_never_see_a_torn_payload_while_a_writer_replaces_it_and_dies(ns
 
 
 def test_segments_are_posix_shm_objects_and_why_readers_do_not_attach_with_shared_memory(ns):
-    s = ShmStore(1 << 20, namespace=ns, lease_ttl_s=2.0, reap_interval_s=3600)
+    s = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=2.0, reap_interval_s=3600))
     try:
         payload = b"\5" * 1000
         from _shm_peer import descriptor
 
         assert s.put(slot_n(1), payload, descriptor(slot_n(1), payload))
-        name = segments.segment_name(ns, slot_n(1))
+        name = seg(ns, slot_n(1))
         code = ("import sys; from multiprocessing.shared_memory import SharedMemory as S; m = S(name=sys.argv[1]); "
                 "sys.stdout.write(str(bytes(m.buf[-1000:]) == b'\\5' * 1000)); m.close()")  # fmt: skip
         out = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, timeout=60)

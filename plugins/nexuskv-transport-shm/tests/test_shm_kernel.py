@@ -3,7 +3,7 @@ import os
 import signal
 import time
 
-from _shm_peer import kernel_config, request
+from _shm_peer import kernel_config, request, seg
 from _shm_testing import SHM, ours, spawn
 
 from nexuskv import Kernel
@@ -47,7 +47,7 @@ def test_kernel_writes_into_shm_and_a_second_kernel_in_this_process_reads_it(ns)
         with Kernel(kernel_config(ns, 0.5)) as b:
             assert bytes(b.load(keys[0], 0, tier="shm", transport="shm").payload) == payload
         # a corrupt segment is quarantined by the kernel's checksum check, never returned
-        path = SHM / segments.segment_name(ns, keys[0] + b"\0")
+        path = SHM / seg(ns, keys[0] + b"\0")
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF
         tmp = path.with_name(path.name + "x")

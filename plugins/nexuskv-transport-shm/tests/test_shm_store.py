@@ -2,7 +2,7 @@ import mmap
 import os
 
 import pytest
-from _shm_peer import descriptor, slot_n
+from _shm_peer import descriptor, keyed, seg, slot_n
 from _shm_testing import SHM, ours
 from _shm_testing import eventually as _eventually
 
@@ -16,7 +16,7 @@ def eventually(cond, timeout=5.0):
 
 @pytest.fixture
 def store(ns):
-    s = ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600)
+    s = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600))
     yield s
     s.close()
     assert ours(ns) == []
@@ -47,7 +47,7 @@ def test_roundtrip_slots_descriptors_delete(store, ns):
     assert store.delete(slot_n(1)) and not store.delete(slot_n(1)) and store.get(slot_n(1)) is None
     assert store.used_bytes() == 300
     # one published segment per slot plus this store's lease record
-    assert ours(ns) == sorted([segments.segment_name(ns, slot_n(2)), segments.lease_name(ns, store.lease_id)])
+    assert ours(ns) == sorted([seg(ns, slot_n(2)), segments.lease_name(ns, store.lease_id)])
 
 
 def test_reader_view_is_zero_copy_over_the_segment(store, ns):
@@ -58,7 +58,7 @@ def test_reader_view_is_zero_copy_over_the_segment(store, ns):
     with pytest.raises(TypeError):
         view[0] = 9  # read-only mapping: a reader cannot scribble on shared state
     # The view *is* the segment: a byte changed in the segment file is seen through the view (no copy made).
-    path = SHM / segments.segment_name(ns, slot_n(5))
+    path = SHM / seg(ns, slot_n(5))
     with open(path, "r+b") as fh, mmap.mmap(fh.fileno(), 0) as w:
         off = len(w) - 4096
         w[off + 7] = 42
@@ -69,7 +69,7 @@ def test_reader_view_is_zero_copy_over_the_segment(store, ns):
 
 
 def test_view_outlives_store_close_and_unlink(ns):
-    s = ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600)
+    s = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600))
     payload = put(s, 1, size=10_000)
     view = s.get(slot_n(1)).payload
     s.close()  # unlinks the segment and the lease
@@ -109,7 +109,7 @@ def test_other_stores_go_through_their_own_get():
 
 
 def test_capacity_evicts_own_lowest_priority_and_reports_the_payload(ns):
-    s = ShmStore(1000, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600)
+    s = keyed(ShmStore(1000, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600))
     seen = []
     s.set_eviction_callback(lambda slot, desc, data: seen.append((slot, desc.key, None if data is None else
                                                                   bytes(data))))  # fmt: skip
@@ -132,17 +132,17 @@ def test_ttl_expiry_is_a_miss_and_reported(store, ns):
     put(store, 2)
     assert eventually(lambda: store.get(slot_n(1)) is None)
     assert seen == [(slot_n(1), None)]
-    assert segments.segment_name(ns, slot_n(1)) not in ours(ns)
+    assert seg(ns, slot_n(1)) not in ours(ns)
     assert store.get(slot_n(2)) is not None
 
 
 def test_a_live_peer_segment_with_the_same_checksum_is_not_rewritten(ns, store):
-    other = ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600)
+    other = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.5, reap_interval_s=3600))
     try:
         payload = put(other, 1, size=1000)
-        ino = os.stat(SHM / segments.segment_name(ns, slot_n(1))).st_ino
+        ino = os.stat(SHM / seg(ns, slot_n(1))).st_ino
         assert store.put(slot_n(1), payload, descriptor(slot_n(1), payload))
-        assert os.stat(SHM / segments.segment_name(ns, slot_n(1))).st_ino == ino
+        assert os.stat(SHM / seg(ns, slot_n(1))).st_ino == ino
         assert store.used_bytes() == 0 and other.used_bytes() == 1000
     finally:
         other.close()
@@ -151,7 +151,7 @@ def test_a_live_peer_segment_with_the_same_checksum_is_not_rewritten(ns, store):
 
 def test_torn_incomplete_or_damaged_segments_are_never_read(store, ns):
     put(store, 1, size=1000)
-    good = (SHM / segments.segment_name(ns, slot_n(1))).read_bytes()
+    good = (SHM / seg(ns, slot_n(1))).read_bytes()
     cases = {
         2: bytearray(good),  # flag "complete" not set (the header is written last)
         3: bytearray(good[:-10]),  # truncated payload
@@ -163,7 +163,7 @@ def test_torn_incomplete_or_damaged_segments_are_never_read(store, ns):
     cases[4][segments.HEADER_SIZE + 5] ^= 0xFF
     cases[5][0:8] = b"NOTASHM!"
     for i, data in cases.items():
-        (SHM / segments.segment_name(ns, slot_n(i))).write_bytes(bytes(data))
+        (SHM / seg(ns, slot_n(i))).write_bytes(bytes(data))
         assert store.get(slot_n(i)) is None, i
         assert ShmTransport().fetch(store, slot_n(i)) is None, i
         assert slot_n(i) not in store
@@ -174,7 +174,7 @@ def test_torn_incomplete_or_damaged_segments_are_never_read(store, ns):
     assert sorted(store.slots()) == [slot_n(1)]
     tmp.unlink()
     for i in cases:
-        (SHM / segments.segment_name(ns, slot_n(i))).unlink()
+        (SHM / seg(ns, slot_n(i))).unlink()
 
 
 def test_bad_options_are_refused(ns, tmp_path):
@@ -187,7 +187,7 @@ def test_bad_options_are_refused(ns, tmp_path):
 
 
 def test_a_lost_lease_drops_its_segments_and_never_revives(ns):
-    s = ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.3, reap_interval_s=3600)
+    s = keyed(ShmStore(1 << 20, namespace=ns, lease_ttl_s=0.3, reap_interval_s=3600))
     seen = []
     s.set_eviction_callback(lambda slot, desc, data: seen.append(slot))
     put(s, 1)
@@ -226,7 +226,7 @@ def test_a_chain_larger_than_the_store_keeps_its_prefix_whatever_the_priorities(
 
     def make(cap):
         names.append(f"{ns}x{next(n)}")
-        return ShmStore(cap, namespace=names[-1], lease_ttl_s=5, reap_interval_s=3600)
+        return keyed(ShmStore(cap, namespace=names[-1], lease_ttl_s=5, reap_interval_s=3600))
 
     try:
         assert prefix_problems(make) == []
@@ -239,10 +239,10 @@ def test_a_chain_larger_than_the_store_keeps_its_prefix_whatever_the_priorities(
 def test_a_segment_another_user_planted_or_a_symlink_is_never_read(store, ns):
     """Issue 29, finding 2: segments planted in the shm directory by another uid were served after a restart."""
     put(store, 1, size=1000)
-    good = SHM / segments.segment_name(ns, slot_n(1))
-    planted = SHM / segments.segment_name(ns, slot_n(2))
+    good = SHM / seg(ns, slot_n(1))
+    planted = SHM / seg(ns, slot_n(2))
     planted.write_bytes(good.read_bytes())  # a whole, valid segment (CRC and all)
-    link = SHM / segments.segment_name(ns, slot_n(3))
+    link = SHM / seg(ns, slot_n(3))
     link.symlink_to(good)
     try:
         if os.geteuid() == 0:
