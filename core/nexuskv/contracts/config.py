@@ -3,9 +3,9 @@
 Every key is optional; unknown keys and wrong types (a string where a list is expected, too) are a `ConfigError`
 naming the file and the key path. Relative paths in a file (policies, profile, secret file, decision file, shadow and
 rollout directories, tiers' path options: `path`, `shm_dir`, `*_dir`, `*_file`, `*_path`) are relative to the file.
-The planning budget is sized by the stakes (`nexuskv.planning.budget`): `deadline_fraction` (0.5 %) of the predicted
+The planning budget is sized by the stakes (`nexuskv.planning.budget`): `deadline_fraction` (0.8 %) of the predicted
 prefill time of the prompt, at least `deadline_ms` (the floor, 0.5 ms; `NEXUSKV_DEADLINE_MS` sets it for a whole
-deployment) and at most `deadline_cap_ms` (20 ms). A request's `slo.deadline_ms` replaces the rule, never above
+deployment) and at most `deadline_cap_ms` (50 ms). A request's `slo.deadline_ms` replaces the rule, never above
 `max_deadline_ms` (1 s: a request comes from a tenant, and no tenant holds a plan for longer than the operator
 allows).
 """
@@ -80,8 +80,8 @@ class KernelConfig:
     profile: str | None = None
     # the planning budget: deadline_fraction of the prompt's predicted prefill, between deadline_ms and deadline_cap_ms
     deadline_ms: float = field(factory=lambda: _env_float("NEXUSKV_DEADLINE_MS", 0.5), validator=attrs.validators.gt(0))
-    deadline_fraction: float = field(default=0.005, validator=[attrs.validators.ge(0), attrs.validators.le(1)])
-    deadline_cap_ms: float = field(default=20.0, validator=attrs.validators.gt(0))
+    deadline_fraction: float = field(default=0.008, validator=[attrs.validators.ge(0), attrs.validators.le(1)])
+    deadline_cap_ms: float = field(default=50.0, validator=attrs.validators.gt(0))
     # the most a request's `slo.deadline_ms` may ask for (a request comes from a tenant; planning time is bounded)
     max_deadline_ms: float = field(default=1000.0, validator=attrs.validators.gt(0))
     load_timeout_ms: float = 200.0

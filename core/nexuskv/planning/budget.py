@@ -6,9 +6,11 @@ Planning time is a cost like any other (G already holds T_lookup), so a fixed de
     budget_ms = max(deadline_ms, min(deadline_cap_ms, deadline_fraction x T_recompute(prompt tokens)))
 
 where T_recompute is the cost model's predicted prefill time of the whole prompt: the most a plan could save. With
-the defaults (floor 0.5 ms, 0.5 %, cap 20 ms) and the default CPU profile, a 1k-token request gets 0.61 ms, a
-4k-token one 3.0 ms, a 9k-token one 8.8 ms and a 32k-token one the 20 ms cap: spending 0.5 % of what is at stake
-to find out whether it can be saved. A request's `slo.deadline_ms` (never above `max_deadline_ms`) or a caller's
+the defaults (floor 0.5 ms, 0.8 %, cap 50 ms) and the default CPU profile, a 1k-token request gets 0.98 ms, a
+4k-token one 4.9 ms, a 9k-token one 14 ms and a 32k-token one the 50 ms cap (0.36 % of its 13.9 s): spending under
+1 % of what is at stake to find out whether it can be saved. The defaults were chosen by measurement
+(`bench/load.py`): under a CPU hog on both cores of a 2-core machine a 9k-token plan took up to 14 ms, and at 0.5 %
+(8.8 ms) about 1 % of the gain at stake was lost to fallbacks; at a fixed 1 ms, about 90 %. A request's `slo.deadline_ms` (never above `max_deadline_ms`) or a caller's
 `deadline_ms` replaces the rule. Failures (control plane down, a breaker open, a plugin raising) answer at once,
 whatever the budget.
 """
@@ -32,7 +34,7 @@ class Budget:
     why: str
 
     def reason(self) -> str:
-        """The budget as a plan reason: `budget 3.05 ms (0.5% of 609 ms predicted prefill)`."""
+        """The budget as a plan reason: `budget 4.87 ms (0.8% of 609 ms predicted prefill)`."""
         return f"budget {format_ms(self.ms)} ms ({self.why})"
 
 
