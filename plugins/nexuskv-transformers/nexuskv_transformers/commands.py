@@ -51,10 +51,20 @@ def calibrate_command(engine: str, kind: str, size: str, config_path: str | None
 @click.command("engine-demo")
 @click.option("--full-calibration", is_flag=True, help="Calibrate with every length (slower).")
 @click.option("--quiet", is_flag=True, help="Do not print one line per request.")
-def engine_demo_command(full_calibration: bool, quiet: bool) -> None:
-    """Run the mixed workload on the real CPU engine: NexusKV vs never-reuse vs always-reuse."""
+@click.option("--smoke", is_flag=True, hidden=True, help="The smallest whole demo (tests).")
+def engine_demo_command(full_calibration: bool, quiet: bool, smoke: bool) -> None:
+    """Run the mixed workload on the real CPU engine: NexusKV vs never-reuse vs always-reuse.
+
+    Exits 1 when a safety check or an answer check FAILs (wrong state); a FALLBACK (less reused than expected,
+    the answers right) is reported, never a failure.
+    """
     from nexuskv import configure_logging
     from nexuskv_transformers.demo import run_demo
 
     configure_logging(level="warning", force=True)
-    run_demo(quick=not full_calibration, show_requests=not quiet)
+    result = run_demo(quick=not full_calibration, show_requests=not quiet, smoke=smoke)
+    if result.failures:
+        click.echo(f"engine-demo: {len(result.failures)} safety failure(s):", err=True)
+        for failure in result.failures:
+            click.echo(f"  {failure}", err=True)
+        raise SystemExit(1)
