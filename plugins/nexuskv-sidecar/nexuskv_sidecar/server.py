@@ -13,7 +13,7 @@ import threading
 
 import uvicorn
 
-from nexuskv import Kernel, KernelConfig, get_logger
+from nexuskv import ConfigError, Kernel, KernelConfig, get_logger
 from nexuskv_sidecar._config import SidecarConfig
 from nexuskv_sidecar.app import Limits, create_app
 
@@ -29,6 +29,12 @@ class Sidecar:
         self.config = config
         self.kernel = kernel or (Kernel.from_config(config.kernel) if config.kernel else Kernel(KernelConfig()))
         self._own_kernel = kernel is None
+        cap = self.kernel.config.deadline_cap_ms
+        if cap > config.max_deadline_ms:  # the kernel's budget rule may not give a plan more than the server allows
+            if self._own_kernel:
+                self.kernel.close()
+            raise ConfigError(f"the kernel's deadline_cap_ms {cap:g} is over the sidecar's max_deadline_ms "
+                              f"{config.max_deadline_ms:g}: lower the kernel's or raise the sidecar's")  # fmt: skip
         self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes,
                               limits=Limits(plan_body_bytes=config.max_plan_body_bytes, tokens=config.max_tokens,
                                             deadline_ms=config.max_deadline_ms,
