@@ -10,9 +10,9 @@ the defaults (floor 0.5 ms, 0.8 %, cap 50 ms) and the default CPU profile, a 1k-
 4k-token one 4.9 ms, a 9k-token one 14 ms and a 32k-token one the 50 ms cap (0.36 % of its 13.9 s): spending under
 1 % of what is at stake to find out whether it can be saved. The defaults were chosen by measurement
 (`bench/load.py`): under a CPU hog on both cores of a 2-core machine a 9k-token plan took up to 14 ms, and at 0.5 %
-(8.8 ms) about 1 % of the gain at stake was lost to fallbacks; at a fixed 1 ms, about 90 %. A request's `slo.deadline_ms` (never above `max_deadline_ms`) or a caller's
-`deadline_ms` replaces the rule. Failures (control plane down, a breaker open, a plugin raising) answer at once,
-whatever the budget.
+(8.8 ms) about 1 % of the gain at stake was lost to fallbacks; at a fixed 1 ms, about 90 %. A request's
+`slo.deadline_ms` (never above `max_deadline_ms`) or a caller's `deadline_ms` replaces the rule. Failures (control
+plane down, a breaker open, a plugin raising) answer at once, whatever the budget.
 """
 
 from __future__ import annotations
