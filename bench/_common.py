@@ -1,12 +1,50 @@
-"""Shared helpers for the bench scripts: interleaved timing, RESULT lines, a tier bench's descriptor."""
+"""Shared helpers for the bench scripts: interleaved timing, RESULT lines, quick mode, a tier bench's descriptor.
+
+What every bench promises, and how `make test` keeps it (tests/test_benches.py):
+
+- A bench is a runnable file of bench/ (one with `if __name__ == "__main__":`; the other files starting with `_`
+  are helpers). It ends with one line per goal, `RESULT <name> <value> <op> <goal>` (`result`), and exits 0 even
+  when a goal is missed.
+- It declares, at module level, `RESULTS`: a tuple of string literals naming every RESULT it prints in full mode
+  (`()` for a bench or study that prints none). The test reads it from the source, never importing the bench, and
+  also checks that every name written literally in the source (`result("name", ...)`, `"RESULT name ..."`) is in
+  it.
+- Quick mode, `NEXUSKV_BENCH_QUICK=1` in the environment (read here into `QUICK`, inherited by the processes a
+  bench starts): the same code paths at the smallest sizes, fewest repeats and passes (seconds, not minutes),
+  every name of `RESULTS` printed (the values mean nothing there, and no goal is checked), nothing written into
+  the repository. Each bench picks its sizes with `quick(full, small)`. Without the variable a bench runs
+  exactly as it always did.
+- A bench that cannot run here because something it needs is missing (a binary, an engine's venv) calls
+  `requires(False, why)`: in quick mode it prints `SKIP <why>` and exits 0, and the test is skipped with that
+  reason; in full mode it does nothing (the bench goes on as it always did).
+"""
 
 from __future__ import annotations
 
 import gc
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+QUICK = os.environ.get("NEXUSKV_BENCH_QUICK", "") not in ("", "0")
+"""Quick mode (`NEXUSKV_BENCH_QUICK=1`): smallest sizes, every RESULT name printed, no goal meant."""
+
+
+def quick(full: T, small: T) -> T:
+    """`small` in quick mode, else `full` (the bench's own size, unchanged)."""
+    return small if QUICK else full
+
+
+def requires(ok: object, why: str) -> None:
+    """In quick mode, when `ok` is false: print `SKIP <why>` and exit 0 (the bench test skips, saying why)."""
+    if QUICK and not ok:
+        print(f"SKIP {why}", flush=True)
+        sys.exit(0)
 
 
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 30, inner: int = 5) -> dict[str, float]:
@@ -47,6 +85,20 @@ def _time_once(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def named(store: T, secret: bytes | None = None) -> T:
+    """`store`, given the name key of `secret` (default: a fresh one), as the kernel gives every store it opens.
+
+    A tier store used on its own names its objects by the deployment's name key (`StateSeal(secret).name_key`) and
+    refuses to work before it has one; a store without names (DRAM) is returned as it is.
+    """
+    use = getattr(store, "use_name_key", None)
+    if use is not None:
+        from nexuskv import StateSeal
+
+        use(StateSeal(secret if secret is not None else os.urandom(32)).name_key)
+    return store
 
 
 def tier_descriptor(key: bytes, data: bytes, tier: str) -> Any:

@@ -20,7 +20,12 @@ import collections
 import heapq
 import itertools
 import json
+import tempfile
 from pathlib import Path
+
+from _common import quick
+
+RESULTS = ()  # a study: no goal
 
 
 def blocks_of(trace: Path) -> list[tuple[list[int], int]]:
@@ -151,10 +156,18 @@ def ceilings(recs: list[tuple[list[int], int]], cap: int) -> tuple[float, float]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("trace", type=Path)
-    ap.add_argument("--blocks", type=int, default=4000)
+    # quick mode: the trace may be left out (a small synthetic one is made), and the store is small
+    ap.add_argument("trace", type=Path, nargs=quick(None, "?"))
+    ap.add_argument("--blocks", type=int, default=quick(4000, 200))
     args = ap.parse_args()
-    recs = blocks_of(args.trace)
+    if args.trace is None:
+        from nexuskv_sim.trace import generate, write_trace
+
+        with tempfile.TemporaryDirectory() as tmp:
+            write_trace(generate(60, seed=1), Path(tmp) / "trace.jsonl")
+            recs = blocks_of(Path(tmp) / "trace.jsonl")
+    else:
+        recs = blocks_of(args.trace)
     lru = policy(recs, args.blocks, gd=False)
     rows = [("LRU", lru),
             ("GreedyDual, value only", policy(recs, args.blocks, gd=True, reads=False)),

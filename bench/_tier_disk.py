@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from _common import named, quick
 from nexuskv import (
     Layout,
     ModelIdentity,
@@ -38,6 +39,8 @@ from nexuskv import (
 from nexuskv_tier_disk import DiskStore, codec
 
 __all__ = ["codec_stats", "kv_payload", "run"]
+
+RESULTS = ()  # run on its own, it prints one run's figures (`bench/tiers.py` turns them into RESULT lines)
 
 
 def kv_payload(nbytes: int, dtype: str = "float16", seed: int = 0) -> bytes:
@@ -94,7 +97,7 @@ def _run_one(where: str, codec_name: str, size: int, repeats: int, fsync: bool) 
     payload = kv_payload(size)
     keys = [hashlib.blake2b(f"{codec_name}-{size}-{i}".encode(), digest_size=16).digest() for i in range(repeats + 1)]
     descs = [_descriptor(k, payload) for k in keys]
-    store = DiskStore(4 * size + (1 << 20), name="disk", path=where, codec=codec_name, fsync=fsync)
+    store = named(DiskStore(4 * size + (1 << 20), name="disk", path=where, codec=codec_name, fsync=fsync))
     dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
     raw_path = os.path.join(where, "raw.bin")
     sink: list[object] = []
@@ -177,14 +180,14 @@ def codec_stats(payload: bytes, elem_size: int, *, level: int = 3, repeats: int 
 
 
 if __name__ == "__main__":
-    for row in run():
+    for row in run(**quick({}, {"sizes": (64 << 10,), "repeats": 1})):
         print(f"disk {row['codec']:>12} {row['size'] >> 20:>3} MiB fsync={row['fsync']}: "
               f"put {row['put_s'] * 1e3:7.2f} ms (raw write {row['base_put_s'] * 1e3:7.2f} ms, "
               f"x{row['put_s'] / row['base_put_s']:.2f})  get {row['get_s'] * 1e3:6.2f} ms (raw read "
               f"{row['base_get_s'] * 1e3:6.2f} ms, x{row['get_s'] / row['base_get_s']:.2f})  "
               f"stored {row['size'] / row['stored_nbytes']:.3f}:1")  # fmt: skip
-    for size in (32 << 10, 1 << 20, 16 << 20):
+    for size in quick((32 << 10, 1 << 20, 16 << 20), (32 << 10,)):
         for dtype, elem in (("float16", 2), ("float32", 4)):
-            stats = codec_stats(kv_payload(size, dtype), elem)
+            stats = codec_stats(kv_payload(size, dtype), elem, repeats=quick(5, 1))
             print(f"codec {dtype} {size >> 10:>6} KiB: " + ", ".join(
                 f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items()))  # fmt: skip

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from _common import interleaved, tier_descriptor
+from _common import interleaved, named, tier_descriptor
 from nexuskv import StateDescriptor
 from nexuskv_tier_mooncake import MooncakeStore
 from nexuskv_tier_mooncake.testing import MooncakeMaster
@@ -34,9 +34,9 @@ def run(sizes: Iterable[int] = (1 << 20, 16 << 20), rounds: int = 41) -> list[di
     out: list[dict[str, Any]] = []
     with MooncakeMaster() as master:
         # The tier keeps at most 4 payloads (it evicts its own); the segment also holds the baseline's objects.
-        store = MooncakeStore(master=master.address, prefix="bench" + uuid.uuid4().hex[:8],
-                              capacity_bytes=4 * largest + (1 << 20), segment_bytes=12 * largest,
-                              local_buffer_bytes=4 * largest)  # fmt: skip
+        store = named(MooncakeStore(master=master.address, prefix="bench" + uuid.uuid4().hex[:8],
+                                    capacity_bytes=4 * largest + (1 << 20), segment_bytes=12 * largest,
+                                    local_buffer_bytes=4 * largest))  # fmt: skip
         client = store.client
         region = mmap.mmap(-1, largest)
         anchor = ctypes.c_char.from_buffer(region)

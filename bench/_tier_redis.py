@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from _common import interleaved, tier_descriptor
+from _common import interleaved, named, tier_descriptor
 from nexuskv_tier_redis import RedisStore
 from nexuskv_tier_redis.client import make_client
 from nexuskv_tier_redis.testing import RedisServer
@@ -28,7 +28,7 @@ def run(sizes: Iterable[int] = (1 << 20, 16 << 20), repeats: int = 7) -> list[di
     """
     out: list[dict[str, Any]] = []
     with RedisServer() as server:
-        store = RedisStore(url=server.url, prefix="bench" + uuid.uuid4().hex[:8], capacity_bytes=1 << 30)
+        store = named(RedisStore(url=server.url, prefix="bench" + uuid.uuid4().hex[:8], capacity_bytes=1 << 30))
         # The baseline gets the very client the tier makes (same timeouts, same parser: hiredis on both sides
         # when it is installed), so only what the tier does differs.
         plain = make_client(server.url, store.connect_timeout_s, store.read_timeout_s)

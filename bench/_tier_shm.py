@@ -15,11 +15,13 @@ import sys
 from typing import Any
 
 try:
-    from _common import interleaved
+    from _common import interleaved, named, quick
 except ImportError:  # imported as bench._tier_shm
-    from bench._common import interleaved
+    from bench._common import interleaved, named, quick
 
 __all__ = ["run"]
+
+RESULTS = ()  # run on its own, it prints one run's rows as JSON (`bench/tiers.py` turns them into RESULT lines)
 
 
 def _descriptor(slot: bytes, payload: bytes) -> Any:
@@ -42,11 +44,11 @@ def _descriptor(slot: bytes, payload: bytes) -> Any:
     )  # fmt: skip
 
 
-def _reader(ns: str, slot_hex: str, repeats: int) -> dict[str, float]:
+def _reader(ns: str, slot_hex: str, repeats: int, secret: bytes) -> dict[str, float]:
     """In the reader process: fetch through the transport vs memcpy of the same bytes (interleaved medians)."""
     from nexuskv_transport_shm import ShmStore, ShmTransport
 
-    store = ShmStore(1 << 20, namespace=ns, lease_ttl_s=30.0, reap_interval_s=3600.0)
+    store = named(ShmStore(1 << 20, namespace=ns, lease_ttl_s=30.0, reap_interval_s=3600.0), secret)
     transport = ShmTransport()
     slot = bytes.fromhex(slot_hex)
     first = transport.fetch(store, slot)
@@ -87,7 +89,8 @@ def run(sizes: tuple[int, ...] = (1 << 20, 16 << 20), repeats: int = 9) -> list[
     from nexuskv_transport_shm import ShmStore
 
     ns = f"bench{os.getpid()}_{secrets.token_hex(3)}"
-    store = ShmStore(4 * max(sizes), namespace=ns, lease_ttl_s=30.0, reap_interval_s=3600.0)
+    secret = os.urandom(32)  # the reader names segments with the same name key
+    store = named(ShmStore(4 * max(sizes), namespace=ns, lease_ttl_s=30.0, reap_interval_s=3600.0), secret)
     rows = []
     try:
         for i, size in enumerate(sizes):
@@ -98,7 +101,7 @@ def run(sizes: tuple[int, ...] = (1 << 20, 16 << 20), repeats: int = 9) -> list[
                              "base_put": lambda p=payload: bytearray(p)}, rounds=repeats, inner=1)  # fmt: skip
             if not store.put(slot, payload, desc):
                 raise RuntimeError("put refused")
-            out = subprocess.run([sys.executable, __file__, "--reader", ns, slot.hex(), str(repeats)],
+            out = subprocess.run([sys.executable, __file__, "--reader", ns, slot.hex(), str(repeats), secret.hex()],
                                  capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
             if out.returncode != 0:
                 raise RuntimeError(f"reader process failed: {out.stderr[-2000:]}")
@@ -114,14 +117,14 @@ def run(sizes: tuple[int, ...] = (1 << 20, 16 << 20), repeats: int = 9) -> list[
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--reader":
+    if len(sys.argv) == 6 and sys.argv[1] == "--reader":
         from nexuskv import configure_logging
 
         configure_logging(stream=sys.stderr)
-        print(json.dumps(_reader(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+        print(json.dumps(_reader(sys.argv[2], sys.argv[3], int(sys.argv[4]), bytes.fromhex(sys.argv[5]))))
     else:
         from nexuskv import configure_logging
 
         configure_logging(stream=sys.stderr)
-        for row in run():
+        for row in run(**quick({}, {"sizes": (64 << 10,), "repeats": 2})):
             print(json.dumps(row))

@@ -33,7 +33,7 @@ import attrs
 import redis
 import torch
 
-from _common import machine_speed, result
+from _common import QUICK, machine_speed, quick, requires, result
 from nexuskv import Kernel, KernelConfig, LinkCost, configure_logging
 from nexuskv_tier_redis._index_sync import publish_ops, stale
 from nexuskv_tier_redis.cluster_testing import Cluster, NetNS, NodeError, shaped_link_flip
@@ -42,9 +42,13 @@ from nexuskv_transformers.connector import TransformersConnector
 from nexuskv_transformers.models import build_model
 from nexuskv_transport_tcp.testing import make_pki
 
+RESULTS = ("cluster.remote_reuse_over_recompute", "cluster.stale_epoch_writes_accepted",
+           "cluster.requests_failed_during_faults", "cluster.index_convergence_ms", "cluster.shaped_link_decision_flip")
 TTL = 1.0
 NODES = ("a", "b", "c")
 PREFIX = "nexuskv/"
+DOCS = quick(6, 1)  # documents of the remote-reuse step (each asked on the two other nodes)
+SMALL_CALIBRATION = {"lengths": ((32, 64, 128, 192), (48, 96)), "repeats": 1, "blocks": (1, 4)}  # quick mode
 
 
 def toks(rng: random.Random, n: int) -> list[int]:
@@ -57,7 +61,8 @@ def profile_file(tmp: str) -> str:
     model = build_model("dense", size="demo")
     cfg = KernelConfig(node="calibration", tiers={"dram": {"store": "dram", "capacity_bytes": "512MiB"}})
     with Kernel(cfg, secret=bytes(32)) as k:
-        report = calibrate(TransformersConnector(k, model), quick=True, command="bench/cluster.py")
+        report = calibrate(TransformersConnector(k, model), quick=True, command="bench/cluster.py",
+                           **(SMALL_CALIBRATION if QUICK else {}))  # fmt: skip
     prof = report.profile
     tcp = LinkCost(bandwidth_bytes_per_s=1e9, latency_ms=0.2)
     prof = attrs.evolve(prof, transports={**prof.transports, "tcp": tcp})
@@ -69,7 +74,7 @@ def profile_file(tmp: str) -> str:
     return path
 
 
-def remote_reuse(cluster: Cluster, rng: random.Random, docs: int = 6) -> tuple[float, dict[str, int]]:
+def remote_reuse(cluster: Cluster, rng: random.Random, docs: int = DOCS) -> tuple[float, dict[str, int]]:
     """Mean TTFT of NexusKV over recomputing, on requests that land on a node without their document."""
     texts = [toks(rng, 1024) for _ in range(docs)]
     for i, doc in enumerate(texts):
@@ -213,6 +218,8 @@ def faults(cluster: Cluster, rng: random.Random) -> dict[str, float]:
 
 
 def main() -> None:
+    missing = [b for b in ("etcd", "redis-server") if shutil.which(b) is None]
+    requires(not missing, f"{' and '.join(missing)} not installed (`make etcd-server redis-server` installs Debian's)")
     configure_logging(level="error", force=True)
     torch.set_grad_enabled(False)
     print(machine_speed())
@@ -223,7 +230,11 @@ def main() -> None:
             ratio, _ = remote_reuse(cluster, rng)
             fault = faults(cluster, rng)
         tls = None
-        if shutil.which("openssl"):  # the same step with every peer link in mutual TLS (printed, no goal)
+        # Quick mode leaves out the TLS repeat and the shaped link (a minute more here); the cluster tests run both:
+        # plugins/nexuskv-tier-redis/tests/test_cluster.py (shaped link), nexuskv-transport-tcp's (TLS peer links).
+        if QUICK:
+            print("remote reuse in TLS: skipped (quick mode)")
+        elif shutil.which("openssl"):  # the same step with every peer link in mutual TLS (printed, no goal)
             with Cluster(NODES, engine="reference", profile=profile, lease_ttl_s=TTL,
                          tls=make_pki(tmp)) as cluster:  # fmt: skip
                 print("with mutual TLS on every peer link:")
@@ -231,7 +242,7 @@ def main() -> None:
             print(f"remote reuse over recompute: {ratio:.3f} authenticated, {tls:.3f} authenticated and in TLS")
         else:
             print("remote reuse in TLS: skipped (no openssl to make the test certificates)")
-        why = NetNS.available()
+        why = "quick mode" if QUICK else NetNS.available()
         flip = 0
         if why:
             print(f"shaped link: skipped ({why})")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import sys
 import tempfile
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attrs
 
-from _common import result
+from _common import QUICK, quick, result
 from nexuskv import configure_logging
 from nexuskv_sim.calibrate import measured_profile
 from nexuskv_sim.kvtier import KernelTier
@@ -36,10 +37,12 @@ from nexuskv_sim.metrics import summary
 from nexuskv_sim.nexus import NexusKVStrategy
 from nexuskv_sim.profile import default_profile
 from nexuskv_sim.simulate import plot_ttft, simulate
-from nexuskv_sim.trace import generate_mixed, read_trace, token_ids, write_trace
+from nexuskv_sim.trace import generate, generate_mixed, read_trace, token_ids, write_trace
 
+RESULTS = ("sim.nexuskv_mean_ttft_over_best_router", "sim.nexuskv_p99_ttft_over_best_router",
+           "sim.cost_eviction_over_lru_ttft_mixed", "eviction.default_over_lru_hit_ratio_4k")
 ROOT = Path(__file__).resolve().parents[1]
-IMG = ROOT / "docs" / "img"
+IMG = Path(tempfile.mkdtemp(prefix="nexuskv-sim-plots-")) if QUICK else ROOT / "docs" / "img"  # quick: not the docs'
 BASELINES = ("never", "round-robin", "sglang", "dynamo", "llm-d", "mooncake")
 
 
@@ -84,7 +87,7 @@ def routers(records: list, limit_note: str) -> dict:
         IMG.mkdir(parents=True, exist_ok=True)
         name = f"sim_{nodes}n_{'congested' if congested else 'normal'}.png"
         plot_ttft(res, IMG / name, title=f"TTFT, shared synthetic trace, {label}")
-        print(f"plot: docs/img/{name}")
+        print(f"plot: {_shown(IMG / name)}")
     return ratios
 
 
@@ -110,8 +113,13 @@ def mixed_eviction(n: int) -> float:
     print(f"\n== mixed-model trace ({n} requests; 6 nodes on 2 hosts; dram 32 GiB, disk 128 GiB per host)")
     print(summary(out))
     plot_ttft(out, IMG / "sim_mixed_eviction.png", title="TTFT, mixed-model trace: cost-aware vs LRU eviction")
-    print("plot: docs/img/sim_mixed_eviction.png")
+    print(f"plot: {_shown(IMG / 'sim_mixed_eviction.png')}")
     return out["nexuskv, cost eviction"].mean_ttft_ms / out["nexuskv, lru eviction"].mean_ttft_ms
+
+
+def _shown(path: Path) -> str:
+    """A plot's path as printed: relative to the repository when it is in it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def hit_ratio(trace: str, blocks: int, eviction: str, limit: int | None, hybrid: bool = False) -> float:
@@ -158,10 +166,14 @@ def hit_ratio(trace: str, blocks: int, eviction: str, limit: int | None, hybrid:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("trace")
-    ap.add_argument("--limit", type=int, default=None, help="Only the first N requests (a quick look).")
-    ap.add_argument("--mixed-requests", type=int, default=3000)
+    # quick mode: the trace may be left out (a small synthetic one is made), and every part runs on a few requests
+    ap.add_argument("trace", nargs=quick(None, "?"))
+    ap.add_argument("--limit", type=int, default=quick(None, 40), help="Only the first N requests (a quick look).")
+    ap.add_argument("--mixed-requests", type=int, default=quick(3000, 40))
     args = ap.parse_args()
+    if args.trace is None:
+        args.trace = str(IMG / "trace.jsonl")
+        write_trace(generate(args.limit, seed=1), args.trace)
     configure_logging(level="warning", force=True)
     records = list(itertools.islice(read_trace(args.trace), args.limit))
     note = f" (first {args.limit} requests)" if args.limit else ""
@@ -181,6 +193,8 @@ def main() -> None:
     result("sim.nexuskv_p99_ttft_over_best_router", ratios[(8, False)][1], "<=", 0.9)
     result("sim.cost_eviction_over_lru_ttft_mixed", mixed, "<=", 0.95)
     result("eviction.default_over_lru_hit_ratio_4k", hr["cost"] / hr["lru"], ">=", 1.06)
+    if QUICK:
+        shutil.rmtree(IMG, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
+from _common import quick
 from nexuskv import (
     Kernel,
     KernelConfig,
@@ -33,10 +34,12 @@ from nexuskv import (
     configure_logging,
 )
 
+RESULTS = ()  # figures for docs/operations.md, no goal
 ROOT = Path(__file__).resolve().parents[1]
+RUNS, RECORDS, REQUESTS, SCRAPES = quick((5, 20_000, 50, 200), (2, 200, 6, 3))
 
 
-def per_record(log: Any, plan: Plan, n: int = 20_000) -> float:
+def per_record(log: Any, plan: Plan, n: int = RECORDS) -> float:
     t0 = time.perf_counter()
     for _ in range(n):
         log.record(plan, t0)
@@ -55,7 +58,7 @@ def main() -> None:
     # one kernel per setting, with no tiers' work to do: its decision log is what each record goes through
     kernels = {name: Kernel(KernelConfig(node="bench", **kw), plugins=pm, secret=bytes(32))
                for name, kw in settings.items()}  # fmt: skip
-    for _ in range(5):
+    for _ in range(RUNS):
         for name, k in kernels.items():
             runs[name].append(per_record(k.decision_log, plan))
     for k in kernels.values():
@@ -68,7 +71,7 @@ def main() -> None:
                        tiers={"dram": {"store": "dram", "capacity_bytes": "1MiB"},
                               "disk": {"store": "dram", "capacity_bytes": "16MiB"}})  # fmt: skip
     with Kernel(cfg, secret=bytes(32)) as k:
-        for i in range(50):
+        for i in range(REQUESTS):
             req = Request(request_id=f"r{i}", tenant=("chat", "rag", "strict")[i % 3], layout=layout,
                           model=ModelIdentity(name="m", revision="1"), tokenizer=TokenizerIdentity(name="t"),
                           token_ids=list(range(i % 5 * 1000, i % 5 * 1000 + 512)))  # fmt: skip
@@ -79,7 +82,7 @@ def main() -> None:
             k.commit(req, [bytes(2048)] * len(keys), keys=keys)
             k.flush(10)
         scrape, status = [], []
-        for _ in range(200):
+        for _ in range(SCRAPES):
             t0 = time.perf_counter()
             generate_latest(k.metrics.registry)
             t1 = time.perf_counter()
@@ -87,7 +90,7 @@ def main() -> None:
             status.append(time.perf_counter() - t1)
             scrape.append(t1 - t0)
     print(f"/metrics exposition: {statistics.median(scrape) * 1e3:.3f} ms; /status document: "
-          f"{statistics.median(status) * 1e3:.3f} ms (medians of 200)")
+          f"{statistics.median(status) * 1e3:.3f} ms (medians of {SCRAPES})")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 
-from _common import machine_speed, result
+from _common import QUICK, machine_speed, quick, result
 from nexuskv import Kernel, configure_logging
 from nexuskv_transformers.calibrate import calibrate, measurable, plot, save
 from nexuskv_transformers.connector import TransformersConnector
@@ -27,10 +27,16 @@ from nexuskv_transformers.demo import SECRET, RunResult, demo_config, run_worklo
 from nexuskv_transformers.models import build_model
 from nexuskv_transformers.workload import SHARED_PHASES, demo_workload
 
+RESULTS = ("e2e.shared_nexuskv_over_never", "e2e.shared_nexuskv_over_always", "e2e.unique_nexuskv_over_never",
+           "e2e.slowlink_nexuskv_over_never", "e2e.slowlink_always_over_never", "calibrate.heldout_error_pct")
+# quick mode: a calibration of a few short prompts, measured once; every phase of the workload at its smallest
+SMALL_CALIBRATION = {"lengths": ((32, 64, 128, 192), (48, 96)), "repeats": 1, "blocks": (1, 4)}
+SMALL_WORKLOAD = {"sessions": 1, "turns": 2, "docs": 1, "queries": 2, "agent_steps": 2, "unique": 1}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=quick(4, 1))
     ap.add_argument("--quick-calibration", action="store_true")
     ap.add_argument("--plot", default="", help="also write the calibration plot (PNG) here")
     ap.add_argument("--profile-out", default="", help="also write the fitted profile (JSON) here")
@@ -38,12 +44,12 @@ def main() -> None:
     configure_logging(level="warning", force=True)
     torch.set_grad_enabled(False)
     print(machine_speed())
-    model = build_model("dense", size="demo")
+    model = build_model("dense", size=quick("demo", "test"))  # quick mode: the unit tests' smaller model
     print(f"model {model.identity.name}: {model.kv_bytes_per_token()} bytes of KV per token, "
           f"{torch.get_num_threads()} torch threads")  # fmt: skip
     with measurable(demo_config(None)) as cfg, Kernel(cfg, secret=SECRET) as k:  # the remote tier is what it measures
         report = calibrate(TransformersConnector(k, model), quick=args.quick_calibration,
-                           command="bench/e2e_reference.py")  # fmt: skip
+                           command="bench/e2e_reference.py", **(SMALL_CALIBRATION if QUICK else {}))  # fmt: skip
     print(report.summary())
     if args.plot:
         print(f"plot: {plot(report, args.plot)}")
@@ -52,7 +58,7 @@ def main() -> None:
         save(report, profile)
         merged: RunResult | None = None
         for r in range(args.rounds):
-            got = run_workload(model, profile, demo_workload(seed=r))
+            got = run_workload(model, profile, demo_workload(seed=r, **(SMALL_WORKLOAD if QUICK else {})))
             if merged is None:
                 merged = got
             else:

@@ -28,7 +28,7 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved, machine_speed, result
+from _common import interleaved, machine_speed, quick, requires, result
 from nexuskv import (
     BlockKeyer,
     DictIndex,
@@ -52,8 +52,12 @@ try:
 except ImportError:  # the reference figures alone
     NativeIndex = NativeKeyer = None  # type: ignore[assignment, misc]
 
+RESULTS = ("identity.keys_over_single_hash_32k", "index.match_over_dict_1e5", "index.match_over_dict_1e6",
+           "index.bytes_per_block_1e6", "identity.native_keys_over_single_hash_32k", "index.native_bytes_per_block_1e6",
+           "index.native_match_over_dict_1e6", "integrity.verify_over_memcpy_2m",
+           "integrity.keyed_verify_over_memcpy_2m")  # fmt: skip
 PAGE = 16
-TOKENS = 32 * 1024
+TOKENS = quick(32 * 1024, 2048)
 SECRET = os.urandom(32)
 LAYOUT = Layout(groups=[StateGroup(kind="dense", layers=32, kv_heads=8, head_dim=128)], page_size=PAGE)
 rng = random.Random(42)
@@ -73,7 +77,7 @@ def bench_keys(keyer: BlockKeyer) -> float:
         "keys": lambda: keyer.request_keys(req),
         "single": lambda: hashlib.blake2b(raw, key=SECRET, digest_size=16).digest(),
         "single+serialise": lambda: hashlib.blake2b(array.array("I", tokens).tobytes(), key=SECRET).digest(),
-    }, rounds=40, inner=3)  # fmt: skip
+    }, rounds=quick(40, 2), inner=quick(3, 1))  # fmt: skip
     n = len(keyer.request_keys(req))
     print(f"block keys, {TOKENS} tokens, page {PAGE}: {n} keys in {t['keys'] * 1e3:.3f} ms "
           f"({n / t['keys'] / 1e6:.2f} M keys/s, {TOKENS * 4 / t['keys'] / 2**20:.0f} MiB/s of token bytes)")
@@ -118,7 +122,7 @@ def bench_match(keyer: BlockKeyer, blocks: int, make: type = DictIndex) -> tuple
     t = interleaved({
         "match": lambda: idx.match(keys, LAYOUT).longest(),
         "dict": lambda: list(map(plain.get, keys)),
-    }, rounds=60, inner=5)  # fmt: skip
+    }, rounds=quick(60, 2), inner=quick(5, 1))  # fmt: skip
     assert idx.match(keys, LAYOUT).longest() == len(keys)
     per_block = used / blocks
     print(f"{make.__name__} of {blocks:.0e} blocks (built in {built:.1f} s under tracemalloc): "
@@ -141,7 +145,7 @@ def bench_verify() -> float:
         "memcpy": copy,
         "xxh3-128": lambda: verify_checksum(payload, sums["xxh3-128"]),
         "blake2b-128": lambda: verify_checksum(payload, sums["blake2b-128"]),
-    }, rounds=40, inner=5)  # fmt: skip
+    }, rounds=quick(40, 2), inner=quick(5, 1))  # fmt: skip
     print(f"verify a 2 MiB payload: memcpy {t['memcpy'] * 1e6:.0f} us; xxh3-128 {t['xxh3-128'] * 1e6:.0f} us "
           f"({t['xxh3-128'] / t['memcpy']:.2f}x); blake2b-128 (before) {t['blake2b-128'] * 1e6:.0f} us "
           f"({t['blake2b-128'] / t['memcpy']:.2f}x)")  # fmt: skip
@@ -174,7 +178,7 @@ def bench_keyed_verify() -> float:
         "blake3 1 thread": lambda: blake3.blake3(payload, key=key, max_threads=1).digest(),
         "mac over xxh3-128": xxh3_mac,
         "blake2b keyed": lambda: hashlib.blake2b(payload, key=key, digest_size=16).digest(),
-    }, rounds=30, inner=5)  # fmt: skip
+    }, rounds=quick(30, 2), inner=quick(5, 1))  # fmt: skip
     assert seal.check(desc, payload)
     base = t["memcpy"]
     print(f"keyed MAC of a 2 MiB payload on {os.cpu_count()} cores: memcpy {base * 1e6:.0f} us; " + "; ".join(
@@ -183,17 +187,18 @@ def bench_keyed_verify() -> float:
 
 
 def main() -> None:
+    requires(NativeKeyer is not None, "nexuskv-native is not installed: the native figures cannot be printed")
     print(machine_speed())
     keyer = BlockKeyer(SECRET, PAGE)
     keys_ratio = bench_keys(keyer)
-    r5, _ = bench_match(keyer, 10**5)
-    r6, b6 = bench_match(keyer, 10**6)
+    r5, _ = bench_match(keyer, quick(10**5, 1000))
+    r6, b6 = bench_match(keyer, quick(10**6, 3000))
     print(f"match / dict at 1e5: {r5:.2f}")
     native = None
     if NativeKeyer is not None:
         nkeyer = NativeKeyer(SECRET, PAGE)
         nkeys = bench_keys(nkeyer)
-        nr6, nb6 = bench_match(nkeyer, 10**6, NativeIndex)
+        nr6, nb6 = bench_match(nkeyer, quick(10**6, 3000), NativeIndex)
         native = (nkeys, nr6, nb6)
     verify = bench_verify()
     keyed = bench_keyed_verify()

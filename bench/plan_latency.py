@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_speed, result
+from _common import machine_speed, quick, result
 from nexuskv import (
     Kernel,
     KernelConfig,
@@ -47,9 +47,14 @@ from nexuskv import (
     configure_logging,
 )
 
+RESULTS = ("plan.p99_ms_4k_1e6", "plan.p99_ms_32k_1e6", "plan.fallback_fraction_32k_warm", "plan.p99_ms_32k_1e6_cold",
+           "plan.fallback_fraction_32k_cold", "plan.p99_ms_32k_1e6_cold_real", "plan.p99_over_recompute_32k",
+           "plan.deadline_overrun_p999_ms")  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = 16
-BLOCKS = 10**6
+BLOCKS = quick(10**6, 5000)
+SMALL, LARGE = quick((4096, 32768), (256, 1024))  # the probes' sizes in tokens (quick mode: smaller stand-ins)
+PLANS, PASSES, BOUND_PLANS = quick((300, 3, 1000), (5, 1, 10))  # plans per pass, passes; plans per deadline case
 rng = random.Random(7)
 LAYOUT = Layout(groups=[StateGroup(kind="dense", layers=4, kv_heads=2, head_dim=64)], page_size=PAGE)
 
@@ -73,8 +78,8 @@ def timed(k: Kernel, req: Request, keys: list[bytes] | None, deadline_ms: float 
     return ms, (plan.reasons[0] if plan.reasons and plan.reasons[0].startswith("fail-open") else "")
 
 
-def latency(k: Kernel, req: Request, keys: list[bytes] | None, deadline_ms: float | None,
-            n: int = 300, passes: int = 3) -> tuple[float, float, int, int, collections.Counter[str]]:  # fmt: skip
+def latency(k: Kernel, req: Request, keys: list[bytes] | None, deadline_ms: float | None, n: int = PLANS,
+            passes: int = PASSES) -> tuple[float, float, int, int, collections.Counter[str]]:  # fmt: skip
     """(median p50, median p99) of real plans over passes, plans timed, fallbacks, and why they fell back."""
     stats, why, done, fell = [], collections.Counter(), 0, 0
     for _ in range(passes):
@@ -165,7 +170,7 @@ def main() -> None:
         print(f"policy chat: {sum(len(ps.rules[x]) for x in ps.rules)} rules; "
               f"disk tier: {type(k.tiers['disk']).__name__}")
         t0 = time.perf_counter()
-        probes = {n: request(n) for n in (4096, 32768)}
+        probes = {n: request(n) for n in (SMALL, LARGE)}
         dram = Location("dram", "node-a", k.epoch)
         held = 0
         for req in probes.values():  # probes: 3/4 of the blocks in DRAM, the rest on disk, real payloads
@@ -206,14 +211,14 @@ def main() -> None:
             figures[n] = (warm, cold, cold_real, recompute)
 
         print("\n2. the deadline's bound, with the writer and the prefetcher busy")
-        req = probes[32768]
+        req = probes[LARGE]
         keys = k.keys(req)
         def bound(note: str) -> list[float]:
             overruns: list[float] = []
             for deadline in (0.3, 1.0):
                 for label, given in (("cold", None), ("warm", keys)):
                     walls, fell = [], 0
-                    for _ in range(1000):
+                    for _ in range(BOUND_PLANS):
                         ms, reason = timed(k, req, given, deadline)
                         walls.append(ms)
                         fell += bool(reason)
@@ -221,18 +226,19 @@ def main() -> None:
                     overruns.extend(over)
                     print(f"  {note}, deadline {deadline:g} ms, {label}: wall p50 {statistics.median(walls):.3f} ms, "
                           f"p99.9 {percentile(walls, 0.999):.3f} ms, max {max(walls):.3f} ms; "
-                          f"overrun p99.9 {percentile(over, 0.999):+.3f} ms; {fell} of 1000 fell back")  # fmt: skip
+                          f"overrun p99.9 {percentile(over, 0.999):+.3f} ms; "
+                          f"{fell} of {BOUND_PLANS} fell back")  # fmt: skip
             return overruns
 
         idle = bound("idle")  # the kernel's own granularity: how late a plan notices its deadline, and answers
-        print(f"  idle: overrun p99.9 over all 4,000 plans {percentile(idle, 0.999):+.3f} ms")
+        print(f"  idle: overrun p99.9 over all {4 * BOUND_PLANS:,} plans {percentile(idle, 0.999):+.3f} ms")
         with Busy(k) as busy:
             overruns = bound("busy")
         print(f"  background meanwhile: {busy.commits} blocks committed, {k.writer.stats['written']} written, "
               f"{k.prefetcher.stats['done']} prefetch tasks done, {k.prefetcher.stats['bytes_moved'] >> 20} MiB moved")
 
-    warm32, cold32, cold32_real, rec32 = figures[32768]
-    result("plan.p99_ms_4k_1e6", figures[4096][0][1], "<=", 1.0)
+    warm32, cold32, cold32_real, rec32 = figures[LARGE]
+    result("plan.p99_ms_4k_1e6", figures[SMALL][0][1], "<=", 1.0)
     result("plan.p99_ms_32k_1e6", warm32[1], "<=", 0.5)
     result("plan.fallback_fraction_32k_warm", warm32[3] / warm32[2], "<=", 0)
     result("plan.p99_ms_32k_1e6_cold", cold32[1], "<=", 1.0)

@@ -24,8 +24,9 @@ from nexuskv.cel import BOOL, Env, compile_expr, message_type
 
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved  # noqa: E402
+from _common import QUICK, interleaved, quick  # noqa: E402
 
+RESULTS = ("policy.rule_compiled_over_lambda", "policy.rule_celpy_over_compiled", "policy.tenant_compiled_over_lambda")
 RULE = (
     'request.tenant == "acme" && state.nbytes <= bytes_of("64MiB") && state.model.dtype in ["float16", '
     '"bfloat16"] && !state.namespace.tenant.startsWith("tmp-") && state.span.end - state.span.start >= 16 && '
@@ -79,6 +80,8 @@ def activation() -> dict[str, object]:
 def per_call_ns(fn: Callable[[], object], min_time: float = 0.2) -> float:
     """Median over 5 runs of the time of one call, in nanoseconds."""
     timer = timeit.Timer(fn)
+    if QUICK:  # 2 runs of 3 calls
+        return statistics.median(timer.repeat(repeat=2, number=3)) / 3 * 1e9
     number, _ = timer.autorange()
     number = max(number, int(number * min_time / 0.2))
     runs = timer.repeat(repeat=5, number=number)
@@ -199,7 +202,7 @@ def bench_tenant() -> tuple[float, float]:
         hand_reuse(act)
         hand_place(act)
 
-    t = interleaved({"ours": ours, "theirs": theirs}, rounds=400, inner=50)  # alternating: drift hits both
+    t = interleaved({"ours": ours, "theirs": theirs}, rounds=quick(400, 2), inner=quick(50, 2))  # drift hits both
     t_ours, t_theirs = t["ours"] * 1e9, t["theirs"] * 1e9
     print("\nfull tenant policy `chat` (10 rules, admit + reuse + place, every rule evaluated)")
     print(f"PolicySet.evaluate x3       {t_ours:10.0f} ns")

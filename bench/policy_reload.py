@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_speed, result
+from _common import machine_speed, quick, result
 from nexuskv import (
     Kernel,
     KernelConfig,
@@ -54,12 +54,14 @@ from nexuskv import (
     configure_logging,
 )
 
+RESULTS = ("policy.reload_failed_plans", "policy.reload_mixed_revision_plans", "policy.reload_plan_p99_over_steady")
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = 16
 THREADS = 4
-REWRITES = 100
+REWRITES = quick(100, 4)
 PERIOD_S = 0.25  # one rewrite every 250 ms (the watcher debounces 100 ms)
-CYCLES = 8  # steady / rewrite segment pairs
+CYCLES = quick(8, 2)  # steady / rewrite segment pairs
+REQUESTS = quick(64, 8)  # requests the planners pick from
 DEADLINE_MS = 10_000.0
 RATE = 0.0 if os.environ.get("FLAT_OUT") else 500.0  # plans per second per thread
 LAYOUT = Layout(groups=[StateGroup(kind="dense", layers=4, kv_heads=2, head_dim=64)], page_size=PAGE)
@@ -176,7 +178,7 @@ def main() -> None:
         k.live.listen(results.append)  # every reload result (the kernel's history keeps only the last 32)
         k.live.watch(debounce_ms=100)  # what `policy_watch = true` starts, with a shorter debounce
         reqs = []
-        for i in range(64):
+        for i in range(REQUESTS):
             req = request(rng, TENANTS[i % len(TENANTS)], 512 + 64 * (i % 16), f"r{i}")
             keys = k.keys(req)
             blocks = len(keys)
@@ -186,7 +188,7 @@ def main() -> None:
         planners = Planners(k, reqs, gen_of)
         for t in planners.threads:
             t.start()
-        time.sleep(1.0)
+        time.sleep(quick(1.0, 0.2))
         per = [REWRITES // CYCLES + (c < REWRITES % CYCLES) for c in range(CYCLES)]
         n = 0
         for count in per:

@@ -43,7 +43,7 @@ from pathlib import Path
 import orjson  # the sidecar's JSON parser (it brings orjson)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_speed, result
+from _common import machine_speed, quick, result
 from nexuskv import (
     Kernel,
     KernelConfig,
@@ -59,7 +59,12 @@ from nexuskv import (
 )
 from nexuskv_sidecar import Sidecar, SidecarConfig, digest
 
+RESULTS = ("sidecar.plan_p99_ms_4k", "sidecar.plans_per_s", "sidecar.victim_plan_p99_ms_under_abuse")
 ROOT = Path(__file__).resolve().parents[1]
+INDEX_BLOCKS = quick(100_000, 2_000)
+PASSES = quick(3, 1)
+LATENCY, THROUGHPUT, VICTIM = quick((2000, 1500, 2000), (50, 50, 50))  # plans per pass
+WARMUP, PARTS = quick((300, 300), (10, 3))
 RUST = ROOT / "plugins" / "nexuskv-sidecar" / "clients" / "rust" / "src" / "main.rs"
 PAGE = 16
 TOKEN = "bench-token"
@@ -125,7 +130,7 @@ def in_process(k: Kernel, req: Request, n: int) -> tuple[float, int]:
         else:
             fell += 1
     lat.sort()
-    return lat[int(0.99 * len(lat))], fell
+    return (lat[int(0.99 * len(lat))] if lat else float("nan")), fell
 
 
 def abuse(client: list[str], url: str, body: str, host: str, port: str, width: int) -> tuple[dict[str, float], str]:
@@ -134,7 +139,7 @@ def abuse(client: list[str], url: str, body: str, host: str, port: str, width: i
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     time.sleep(1.0)  # the flood is on before the first victim plan
     try:
-        victim = load(client, url, body, 1, 2000)
+        victim = load(client, url, body, 1, VICTIM)
     finally:
         got, _ = abuser.communicate("", timeout=60)
     return victim, got.strip()
@@ -161,7 +166,7 @@ def main() -> None:
             payload = rng.randbytes(1024)
             assert k.put(k.describe(req, b, payload, tier="dram", keys=keys), payload)
         dram = Location("dram", "node-a", k.epoch)
-        while len(k.index) < 100_000:
+        while len(k.index) < INDEX_BLOCKS:
             tokens = array.array("I", rng.randbytes(4 * 16384)).tolist()
             k.index.insert_many(k.keyer.extend(os.urandom(16), tokens), dram)
         print(f"index: {len(k.index)} blocks")
@@ -173,12 +178,12 @@ def main() -> None:
         sc = Sidecar(SidecarConfig(port=0, tokens={digest(TOKEN): "chat", digest(ABUSER): "rag"}), kernel=k)
         sc.start()
         try:
-            load(client, sc.url, str(body), 1, 300)  # warm up
+            load(client, sc.url, str(body), 1, WARMUP)  # warm up
             print("\n1. latency, one connection (ms)")
             p99s, p50s, base = [], [], []
-            for i in range(3):
-                got = load(client, sc.url, str(body), 1, 2000)
-                b99, bfell = in_process(k, req, 2000)
+            for i in range(PASSES):
+                got = load(client, sc.url, str(body), 1, LATENCY)
+                b99, bfell = in_process(k, req, LATENCY)
                 base.append(b99)
                 p99s.append(got["p99_ms"])
                 p50s.append(got["p50_ms"])
@@ -188,8 +193,8 @@ def main() -> None:
                       f"client fail-open {got['fail_open']:.0f}")  # fmt: skip
             print("\n2. throughput, 4 connections")
             rates, dropped = [], 0.0
-            for i in range(3):
-                got = load(client, sc.url, str(body), 4, 1500)
+            for i in range(PASSES):
+                got = load(client, sc.url, str(body), 4, THROUGHPUT)
                 rates.append(got["plans_per_s"])
                 dropped += got["server_fail_open"] + got["fail_open"]
                 print(f"  pass {i}: {got['plans_per_s']:.0f} plans/s (p50 {got['p50_ms']:.3f} p99 {got['p99_ms']:.3f} "
@@ -203,7 +208,7 @@ def main() -> None:
                     assert k.put(k.describe(small, b, payload, tier="dram", keys=keys), payload)
                 f = Path(tmp) / f"request-{n}.json"
                 f.write_text(json.dumps(to_dict(small)))
-                got = load(client, sc.url, str(f), 4, 1500)
+                got = load(client, sc.url, str(f), 4, THROUGHPUT)
                 print(f"  {n} tokens: {got['plans_per_s']:.0f} plans/s (p99 {got['p99_ms']:.3f} ms); kernel fail-open "
                       f"{got['server_fail_open']:.0f}, client fail-open {got['fail_open']:.0f}")  # fmt: skip
             raw = body.read_bytes()
@@ -215,12 +220,12 @@ def main() -> None:
                 "plan with its keys given": lambda: k.plan(req, keys=keys),
                 "plan, keys computed inside": lambda: k.plan(req),
             }
-            print("\n4. inside the server, per 4k plan (best of 3 x 300, this process), ms:")
+            print(f"\n4. inside the server, per 4k plan (best of {PASSES} x {PARTS}, this process), ms:")
             for name, fn in parts.items():
-                print(f"  {name:48s} {min(_time(fn, 300) for _ in range(3)) * 1e3:.3f}")
+                print(f"  {name:48s} {min(_time(fn, PARTS) for _ in range(PASSES)) * 1e3:.3f}")
             print("  the rest of a round trip is HTTP (uvicorn, httptools, uvloop) and the caller")
             print("\n5. isolation: this tenant's 4k plans while another sends 50 MB plan bodies flat out")
-            quiet = load(client, sc.url, str(body), 1, 2000)
+            quiet = load(client, sc.url, str(body), 1, VICTIM)
             host, port = sc.url.removeprefix("http://").rsplit(":", 1)
             abused, got_abuser = abuse(client, sc.url, str(body), host, port, 2)
             print(f"  the abuser's answers: {got_abuser or 'none'}")
@@ -230,7 +235,7 @@ def main() -> None:
                                      "threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\n"
                                      "sys.stdin.read()"], stdin=subprocess.PIPE)  # fmt: skip
             try:  # the control: the same pass beside a process that only burns one core (no request at all)
-                busy = load(client, sc.url, str(body), 1, 2000)
+                busy = load(client, sc.url, str(body), 1, VICTIM)
             finally:
                 spin.communicate(b"", timeout=60)
             print(f"  without abuse: p50 {quiet['p50_ms']:.3f} p99 {quiet['p99_ms']:.3f} ms; under abuse: p50 "

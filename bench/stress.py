@@ -13,14 +13,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import result
+from _common import quick, result
 from nexuskv import configure_logging
 from nexuskv.testing.stress import run
+
+RESULTS = ("safety.wrong_state_restores", "safety.operations")
 
 
 def main() -> None:
     configure_logging(level="error", force=True)
-    target = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    target = int(sys.argv[1]) if len(sys.argv) > 1 else quick(1_000_000, 500)
     start = time.monotonic()
     last = [start]
 

@@ -11,6 +11,7 @@ Run: `.venv/bin/python bench/tiers.py` (about 1 to 2 minutes; starts and stops i
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import time
@@ -22,7 +23,7 @@ import torch
 import _tier_disk
 import _tier_redis
 import _tier_shm
-from _common import interleaved, result
+from _common import interleaved, quick, requires, result
 from nexuskv import (
     Layout,
     ModelIdentity,
@@ -40,7 +41,11 @@ from nexuskv_transformers.engine import Engine
 from nexuskv_transformers.models import build_model
 from nexuskv_transformers.state import StateCodec
 
-SIZES = (1 << 20, 16 << 20)
+RESULTS = ("tier.dram_get_touch_over_memcpy_16m", "tier.shm_read_touch_over_memcpy_16m",
+           "tier.disk_get_over_raw_read_16m", "tier.redis_get_over_plain_get_16m",
+           "codec.shuffle_zstd_over_plain_zstd_ratio")  # fmt: skip
+SIZES = quick((1 << 20, 16 << 20), (256 << 10,))  # quick mode: 256 KiB stands for 16 MiB
+REPEATS = quick(None, 2)  # quick mode: 2 timed repeats everywhere
 
 
 def _desc(n: int) -> StateDescriptor:
@@ -54,7 +59,7 @@ def _span():
     return TokenSpan(0, 16)
 
 
-def dram_rows(repeats: int = 15) -> list[dict[str, float]]:
+def dram_rows(repeats: int = quick(15, 2)) -> list[dict[str, float]]:
     """DramStore put (it copies) and get (zero-copy view) against a memcpy of the same bytes, interleaved."""
     rows = []
     for size in SIZES:
@@ -100,7 +105,7 @@ def dram_rows(repeats: int = 15) -> list[dict[str, float]]:
     return rows
 
 
-def kv_pages(dtype: torch.dtype, tokens: int = 1024) -> list[bytes]:
+def kv_pages(dtype: torch.dtype, tokens: int = quick(1024, 128)) -> list[bytes]:
     """Every page payload of a `tokens`-token prompt, as the connector commits them."""
     ref = build_model("dense", size="demo", dtype=dtype)
     eng = Engine(ref)
@@ -121,7 +126,7 @@ def codec_rows() -> dict[str, dict[str, float]]:
         raw = sum(len(p) for p in pages)
         stored = {c: sum(len(disk_codec.encode(p, c, elem_size=elem).data) for p in pages)
                   for c in ("zstd", "shuffle-zstd")}  # fmt: skip
-        speed = _tier_disk.codec_stats(b"".join(pages)[: 1 << 20], elem)
+        speed = _tier_disk.codec_stats(b"".join(pages)[: 1 << 20], elem, **quick({}, {"repeats": 1}))
         out[name] = {"page_bytes": len(pages[0]), "pages": len(pages), "zstd_ratio": raw / stored["zstd"],
                      "shuffle_ratio": raw / stored["shuffle-zstd"], **{k: v for k, v in speed.items()
                                                                          if k.endswith("MBps")}}  # fmt: skip
@@ -140,9 +145,11 @@ def _line(row: dict) -> str:
 
 
 def main() -> None:
+    requires(shutil.which("redis-server"), "redis-server is not installed (`make redis-server` installs Debian's)")
     configure_logging(level="warning", force=True)
     torch.set_grad_enabled(False)
-    rows = dram_rows() + _tier_shm.run() + _tier_disk.run() + _tier_redis.run()
+    sized = quick({}, {"sizes": SIZES, "repeats": REPEATS})
+    rows = dram_rows() + _tier_shm.run(**sized) + _tier_disk.run(**sized) + _tier_redis.run(**sized)
     print("baselines: dram and shm = memcpy of the same bytes; disk = raw file write (fsync) / read; "
           "redis = plain SET / GET")
     for row in rows:
@@ -155,7 +162,7 @@ def main() -> None:
               f"{c['shuffle_encode_MBps']:.0f} / decode {c['shuffle_decode_MBps']:.0f} MB/s")  # fmt: skip
 
     def ratio(tier: str, op: str, base: str | None = None, **match: object) -> float:
-        row = next(r for r in rows if r["tier"] == tier and r["size"] == 16 << 20
+        row = next(r for r in rows if r["tier"] == tier and r["size"] == SIZES[-1]
                    and all(r.get(k) == v for k, v in match.items()))  # fmt: skip
         return row[f"{op}_s"] / row[f"base_{base or op}_s"]
 

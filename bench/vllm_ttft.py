@@ -27,6 +27,7 @@ Every request's outcome is counted: loads, failed loads and fallbacks are report
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -36,21 +37,32 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import quick, requires
+
+RESULTS = ("vllm.shared_nexuskv_over_alone", "vllm.unique_nexuskv_over_alone",
+           "vllm.shared_nexuskv_over_example_connector", "vllm.slowtier_nexuskv_over_alone")  # fmt: skip
+VENV = ".venv-vllm"  # the interpreter it runs in (vLLM pins its own transformers): `make vllm-setup` builds it
 RESULT_PREFIX = "@@ "
-MODEL = {"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 2, "intermediate": 1536}
+MODEL = quick({"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 2, "intermediate": 1536},
+              {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "intermediate": 256})  # fmt: skip
 SLOW_BW, SLOW_LAT_MS = 2e6, 2.0
+# Quick mode: every workload and the calibration at their smallest (2-block prefixes, a request or two of each)
+SYSTEM, DOC, UNIQUE = quick((1536, 1024, 1024), (256, 256, 256))  # prompt lengths in tokens
+TURNS, DOCS, QUESTIONS, UNIQUES = quick((6, 2, 3, 6), (2, 1, 2, 1))
+CALIBRATION, REPEATS = quick(((256, 768, 1536, 2560), 3), ((64, 128, 256, 384), 1))
 
 
 def workloads() -> dict[str, list[dict]]:
     """The requests of each workload, in order, with their tenant."""
     from nexuskv_vllm.testing import tokens as _tokens
 
-    system = _tokens(1536, 1)
-    chat = [{"tokens": system + _tokens(48 + 8 * i, 100 + i), "tenant": "chat"} for i in range(6)]
-    docs = [_tokens(1024, 10 + d) for d in range(2)]
+    system = _tokens(SYSTEM, 1)
+    chat = [{"tokens": system + _tokens(48 + 8 * i, 100 + i), "tenant": "chat"} for i in range(TURNS)]
+    docs = [_tokens(DOC, 10 + d) for d in range(DOCS)]
     rag = [{"tokens": docs[d] + _tokens(40 + 8 * q, 200 + 10 * d + q), "tenant": "rag"}
-           for q in range(3) for d in range(2)]  # fmt: skip
-    unique = [{"tokens": _tokens(1024, 300 + i), "tenant": "solo"} for i in range(6)]
+           for q in range(QUESTIONS) for d in range(DOCS)]  # fmt: skip
+    unique = [{"tokens": _tokens(UNIQUE, 300 + i), "tenant": "solo"} for i in range(UNIQUES)]
     return {"shared": chat + rag, "unique": unique}
 
 
@@ -131,8 +143,8 @@ def calibrate(alone: Server, profile: Path) -> dict:
     from nexuskv_vllm.testing import tokens as _tokens
 
     lengths, ms = [], []
-    for rep in range(3):
-        for n in (256, 768, 1536, 2560):
+    for rep in range(REPEATS):
+        for n in CALIBRATION:
             lengths.append(n)
             ms.append(alone.ask({"tokens": _tokens(n, 900 + rep * 10 + n), "tenant": "cal"})["ttft_s"] * 1e3)
     a = np.array([[1.0, n, n * n] for n in lengths])
@@ -211,9 +223,11 @@ def summary(name: str, got: dict[str, list[dict]]) -> dict[str, float]:
 
 
 def main() -> None:
+    requires(importlib.util.find_spec("vllm") and importlib.util.find_spec("nexuskv_vllm"),
+             f"vLLM and nexuskv-vllm are not installed in {sys.executable}: this bench runs in {VENV} "
+             f"(`make vllm-setup`, then `{VENV}/bin/python bench/vllm_ttft.py`)")  # fmt: skip
     from nexuskv_vllm.testing import write_tiny_llama
 
-    sys.path.insert(0, str(Path(__file__).parent))
     from _common import result
 
     with tempfile.TemporaryDirectory(prefix="nexuskv-vllm-bench-") as tmp:

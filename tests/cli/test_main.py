@@ -201,3 +201,138 @@ def test_policy_explain_input_is_inline_json_or_a_file(tmp_path):
     ):
         res = CliRunner().invoke(cli, ["--log-level", "warning", "policy", "explain", chat, "--input", value])
         assert res.exit_code == 1 and res.output == message + "\n", res.output
+
+
+# ------------------------------------------------------------------------------------------ policy explain, by kind
+
+SHIPPED = Path(__file__).resolve().parents[2] / "policies"
+LITERALS = """name = "lit"
+extends = "default"
+
+[[admit]]
+name = "empty-payload"
+when = "state.nbytes == 0 || false"
+
+[[reuse]]
+name = "always-warn"
+effect = "warn"
+when = "true && match.tokens > 0"
+
+[[place]]
+name = "pinned"
+tier = "dram"
+ttl = "1h"
+priority = 5.0
+
+[[share]]
+name = "docs-to-everyone"
+scope = "docs"
+tenants = ["*"]
+
+[[route]]
+name = "drained"
+effect = "exclude"
+when = '"drain" in target.labels || false'
+"""
+"""A tenant whose rules hold `true` / `false` literals, or leave `when` to its default (`true`, place and share)."""
+
+
+@pytest.fixture
+def policy_dir(tmp_path):
+    import shutil
+
+    shutil.copytree(SHIPPED, tmp_path / "policies", ignore=shutil.ignore_patterns("tests"))
+    (tmp_path / "policies" / "tenants" / "lit.toml").write_text(LITERALS)
+    return tmp_path / "policies"
+
+
+def _explain(policy_file, data, *options):
+    return CliRunner().invoke(cli, [*options, "--log-level", "warning", "policy", "explain", str(policy_file),
+                                    "--input", json.dumps(data)])  # fmt: skip
+
+
+@pytest.mark.parametrize("kind, tenant, data, fired, verdict", [
+    ("admit", "chat", {"state": {"namespace": {"tenant": "chat", "scope": "tmp-1"}}}, "no-tmp-sessions [deny]",
+     "allowed=False, deciding=['no-tmp-sessions']"),
+    ("reuse", "chat", {"node": "edge-1", "match": {"tokens": 9000, "tier": "dram"}, "cost": {"gain_ms": 5.0}},
+     "cap-untrusted-node [deny]", "allowed=True, max_tokens=8192, deciding=['cap-untrusted-node']"),
+    ("place", "chat", {"state": {"span": {"start": 4080, "end": 4096}}}, "long-sessions [apply]",
+     "deciding=['long-sessions'], fired=['long-sessions'], placement={'tier': 'dram', 'ttl_s': 7200.0, "
+     "'priority': 8.0}"),
+    ("share", "rag", {"request": {"tenant": "chat"}, "match": {"tokens": 64, "scope": "docs"}},
+     "docs-to-partners [allow]", "allowed=True, deciding=['docs-to-partners']"),
+    ("route", "strict", {"target": {"node": "gpu-7", "labels": {"trust": "low"}, "queue_ms": 3000.0}},
+     "trusted-nodes-only [exclude]", "allowed=False, weight=2.0, deciding=['trusted-nodes-only', 'prefer-idle']"),
+])  # fmt: skip
+def test_policy_explain_works_for_every_rule_kind_of_the_shipped_policies(kind, tenant, data, fired, verdict):
+    """The place case crashed (`bad operand type for unary -`): the default place rule's `when` is `true`."""
+    res = _explain(SHIPPED / "tenants" / f"{tenant}.toml", {"kind": kind, **data})
+    assert res.exit_code == 0, res.output
+    assert f"policy {tenant} (revision " in res.output and f", {kind} rules, files: " in res.output
+    assert f"rule {fired}: FIRED" in res.output
+    assert verdict in res.output.splitlines()[-1]
+
+
+@pytest.mark.parametrize("kind, data, trace, verdict", [
+    ("admit", {"state": {"nbytes": 0}}, ["rule empty-payload [deny]: FIRED",
+                                         "  when: state.nbytes == 0 || false  =>  true",
+                                         "      state.nbytes == 0  =>  true"], "allowed=False"),
+    ("reuse", {"match": {"tokens": 32}}, ["rule always-warn [warn]: FIRED",
+                                          "  when: true && match.tokens > 0  =>  true",
+                                          "      match.tokens > 0  =>  true"], "warnings=['always-warn']"),
+    ("place", {}, ["rule pinned [apply]: FIRED", "  when: true  =>  true",
+                   "rule hot-in-dram [apply]: no (skipped: pinned fired first, and the first place rule to fire "
+                   "decides)"], "placement={'tier': 'dram', 'ttl_s': 3600.0, 'priority': 5.0}"),
+    ("share", {"request": {"tenant": "chat"}, "match": {"tokens": 32, "scope": "docs"}},
+     ["rule docs-to-everyone [allow]: FIRED", "  when: true  =>  true"], "allowed=True"),
+    ("route", {"target": {"node": "n1", "labels": {"drain": "yes"}}}, [
+        "rule drained [exclude]: FIRED", """  when: "drain" in target.labels || false  =>  true""",
+        """      "drain" in target.labels  =>  true"""], "allowed=False"),
+])  # fmt: skip
+def test_policy_explain_works_for_every_rule_kind_with_true_and_false_in_its_rules(policy_dir, kind, data, trace,
+                                                                                   verdict):  # fmt: skip
+    """`true` / `false` anywhere in a rule (a place or share rule's default `when` is `true`) crashed explain."""
+    res = _explain(policy_dir / "tenants" / "lit.toml", {"kind": kind, **data})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert [ln for ln in trace if ln not in lines] == [], res.output
+    assert verdict in lines[-1]
+
+
+def test_policy_explain_shows_a_share_grant_that_is_not_for_this_reader_as_skipped(policy_dir):
+    res = _explain(policy_dir / "tenants" / "rag.toml", {"kind": "share", "request": {"tenant": "globex"},
+                                                         "match": {"tokens": 32, "scope": "docs"}})  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert ('rule docs-to-partners [allow]: no (skipped: it grants scope "docs" to "chat", "partner-a", not to tenant '
+            '"globex" reading scope "docs")') in res.output
+    assert res.output.splitlines()[-1].endswith("allowed=False")
+
+
+@pytest.mark.parametrize("options, env, shown", [
+    (["--log-level", "debug"], {}, True),
+    ([], {"NEXUSKV_LOG_LEVEL": "debug"}, True),  # the level's default
+    (["--log-level", "info"], {"NEXUSKV_LOG_LEVEL": "debug"}, False),  # the option decides
+    (["--log-level", "warning"], {}, False),
+    ([], {}, False),
+])  # fmt: skip
+def test_an_unexpected_error_is_one_line_with_its_traceback_above_it_at_log_level_debug(monkeypatch, options, env,
+                                                                                         shown):  # fmt: skip
+    import nexuskv.policy.authoring.explain as explain_module
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(explain_module, "explain", broken)
+    for name in ("NEXUSKV_DEBUG", "NEXUSKV_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    args = [*options, "policy", "explain", str(SHIPPED / "tenants" / "chat.toml"), "--input", '{"kind": "admit"}']
+    res = CliRunner().invoke(cli, args, env=env)
+    assert res.exit_code == 1
+    assert res.stdout == "" and res.stderr.splitlines()[-1] == "Error: RuntimeError: boom"
+    if shown:
+        lines = res.stderr.splitlines()
+        start = lines.index("Traceback (most recent call last):")
+        assert 'raise RuntimeError("boom' in res.stderr and lines[start:][-3:-1] == ["RuntimeError: boom",
+                                                                                   "second line"]  # fmt: skip
+    else:
+        assert res.stderr == "Error: RuntimeError: boom\n"

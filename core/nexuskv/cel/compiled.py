@@ -41,8 +41,8 @@ from nexuskv.cel.syntax.parser import (
     CelTypeError,
     Node,
     parse,
-    subexpressions,
 )
+from nexuskv.cel.syntax.subexpressions import subexpressions
 from nexuskv.cel.types import CelType, Env
 
 __all__ = [

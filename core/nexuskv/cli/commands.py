@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ class _Group(click.Group):
     """The command group: whatever a command raises becomes one `Error: ...` line and exit 1, not a traceback.
 
     Input problems are reported where they are found (file, field, position); this is the net under them.
-    `NEXUSKV_DEBUG=1` lets an unexpected exception through with its traceback.
+    At log level debug (`--log-level debug`, or `NEXUSKV_LOG_LEVEL=debug` without `--log-level`) the traceback of
+    an unexpected exception is printed to stderr above that line; `NEXUSKV_DEBUG=1` lets the exception through.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -57,6 +59,9 @@ class _Group(click.Group):
         except Exception as exc:
             if os.environ.get("NEXUSKV_DEBUG"):
                 raise
+            level = ctx.params.get("log_level") or os.environ.get("NEXUSKV_LOG_LEVEL") or "info"
+            if level.lower() == "debug":
+                click.echo(traceback.format_exc().rstrip("\n"), err=True)
             first = (str(exc).strip().splitlines() or [""])[0]
             raise click.ClickException(f"{type(exc).__name__}: {first}") from None
 

@@ -353,29 +353,6 @@ def parse(source: str, macros: bool = True) -> Node:
     return _Builder(source, macros).build(tree)
 
 
-def subexpressions(source: str) -> list[str]:
-    """Source text of every sub-expression of `source` (outermost first, in reading order, no duplicates).
-
-    For explaining a rule: each text can be compiled and evaluated on its own, except those that use a
-    comprehension's loop variable. Raises CelSyntaxError for text that does not parse.
-    """
-    try:
-        tree = grammar_parser().parse(source)
-    except UnexpectedInput as exc:
-        raise _syntax_error(source, exc) from None
-    spans = set()
-    for sub in tree.iter_subtrees():
-        meta = sub.meta
-        if not getattr(meta, "empty", True):
-            spans.add((meta.start_pos, meta.end_pos))
-    out: list[str] = []
-    for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
-        text = source[start:end].strip()
-        if text and text not in out:
-            out.append(text)
-    return out
-
-
 def _end_position(source: str) -> tuple[int, int]:
     lines = source.split("\n")
     return len(lines), len(lines[-1]) + 1
