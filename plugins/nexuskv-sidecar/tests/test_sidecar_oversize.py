@@ -111,5 +111,5 @@ def test_a_kernel_whose_budget_cap_is_over_the_sidecars_maximum_is_refused_at_st
     from nexuskv import ConfigError, Kernel, KernelConfig
 
     with Kernel(KernelConfig(node="n1", deadline_cap_ms=80.0), secret=bytes(32)) as k, \
-            pytest.raises(ConfigError, match="deadline_cap_ms 80 is over the sidecar's max_deadline_ms 50"):  # fmt: skip
+            pytest.raises(ConfigError, match="deadline_cap_ms 80 is over the sidecar's max_deadline_ms 50"):
         Sidecar(SidecarConfig(port=0, max_deadline_ms=50.0), kernel=k)
