@@ -59,3 +59,28 @@ def test_every_plan_says_its_budget_and_a_fallback_says_why_it_had_that_budget()
         assert late.action == PlanAction.RECOMPUTE and late.reasons == ("fail-open: deadline 0 ms passed in keys",)
         gone = k.plan(make_request(range(64), request_id="gone", slo=Slo(deadline_ms=0.0)))
         assert gone.reasons[0].startswith("fail-open: deadline 0 ms passed in") and "slo.deadline_ms" in gone.reasons[0]
+
+
+def test_a_busy_machine_stretches_the_rule_never_a_callers_deadline_nor_past_the_maximum():
+    cfg = KernelConfig(deadline_ms=0.5, max_deadline_ms=100.0)
+    req = make_request(range(4096))
+    quiet, busy = budget_for(req, cfg, COST), budget_for(req, cfg, COST, slowdown=3.0)
+    assert busy.ms == 3 * quiet.ms and busy.why.endswith("x3 for this machine's load")
+    assert budget_for(req, cfg, COST, deadline_ms=0.2, slowdown=3.0).ms == 0.2
+    assert budget_for(make_request(range(32768)), cfg, COST, slowdown=8.0).ms == 100.0
+
+
+def test_the_read_path_learns_the_slowdown_from_its_own_plans():
+    cfg = KernelConfig(node="n1", tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"}})
+    with Kernel(cfg, secret=SECRET) as k:
+        reads = k.reads
+        reads.slowdown = 1.0
+        for _ in range(60):  # plans whose wall time is 4x their CPU time (descheduled three quarters of it)
+            reads._observe(0.004, 0.001)
+        assert 3.9 < reads.slowdown <= 4.0
+        for _ in range(60):
+            reads._observe(1.0, 0.001)  # a plan descheduled for a second: judged slow, not the machine 1000x slower
+        assert reads.slowdown <= 8.0
+        reads.slowdown = 1.0
+        k.plan(make_request(range(64)))
+        assert 1.0 <= reads.slowdown <= 8.0

@@ -49,7 +49,11 @@ from nexuskv.state.index import Match, Matcher, match_within
 from nexuskv.state.keys import Keys
 from nexuskv.storage.prefetch import Prefetcher
 
-__all__ = ["ReadPath"]
+__all__ = ["MAX_SLOWDOWN", "ReadPath"]
+
+MAX_SLOWDOWN = 8.0
+"""The most a busy machine stretches a budget by: a plan descheduled for longer is judged slow, not the machine."""
+_SLOWDOWN_WEIGHT = 0.1  # of the newest plan in the estimate: about the last 20 plans count
 
 log = get_logger("nexuskv.kernel")  # planning failures keep the logger name operators filter on
 
@@ -83,6 +87,7 @@ class ReadPath:
         self.deadline_fallbacks = 0  # plans that answered recompute because their deadline passed
         self._lock = threading.Lock()  # guards prefetch de-duplication and the fallback count
         self.lost = LostGain(self.hindsight)  # per fail-open reason: the gain fallbacks gave up
+        self.slowdown = 1.0  # recent plans' wall time over their CPU time (EWMA, 1 to MAX_SLOWDOWN): the budget's load
 
     @property
     def policies(self) -> Policies | None:
@@ -107,8 +112,21 @@ class ReadPath:
         Any failure on the way (a plugin raising, the deadline passing, the control plane down) gives a
         `recompute` plan whose reasons say why.
         """
+        c0 = time.thread_time()  # a plan's wall time over its own CPU time: how much the machine slows it down
         t0 = time.perf_counter()
-        budget = budget_for(request, self.config, self.cost, deadline_ms)  # sized by the stakes, or the caller's
+        try:
+            return self._plan(request, keys, session, deadline_ms, t0)
+        finally:
+            self._observe(time.perf_counter() - t0, time.thread_time() - c0)
+
+    def _observe(self, wall_s: float, cpu_s: float) -> None:
+        """Fold one plan's wall / CPU time ratio into `slowdown` (an estimate: a lost update under a race is fine)."""
+        if cpu_s > 0:
+            self.slowdown += _SLOWDOWN_WEIGHT * (min(MAX_SLOWDOWN, max(1.0, wall_s / cpu_s)) - self.slowdown)
+
+    def _plan(self, request: Request, keys: Sequence[bytes] | None, session: str | None, deadline_ms: float | None,
+              t0: float) -> Plan:  # fmt: skip
+        budget = budget_for(request, self.config, self.cost, deadline_ms, self.slowdown)  # the stakes, or the caller's
         end = t0 + budget.ms / 1e3  # every stage and every long loop checks it: the wall time is bounded
         decision_id = f"{random.getrandbits(64):016x}"  # no system call: it would hand the GIL away mid-plan
         stage = "start"

@@ -194,7 +194,7 @@ class Router:
         if len(set(names)) != len(names):
             raise ValueError(f"route: candidate nodes repeat: {sorted({n for n in names if names.count(n) > 1})}")
         t0 = time.perf_counter()
-        rule = budget_for(request, self._config, self._cost, deadline_ms)  # sized by the stakes, as a plan's
+        rule = budget_for(request, self._config, self._cost, deadline_ms, self._reads.slowdown)  # as a plan's
         budget = rule.ms
         end = t0 + budget / 1e3
         reads = self._reads

@@ -10,7 +10,8 @@ the defaults (floor 0.5 ms, 0.8 %, cap 50 ms) and the default CPU profile, a 1k-
 4k-token one 4.9 ms, a 9k-token one 14 ms and a 32k-token one the 50 ms cap (0.36 % of its 13.9 s): spending under
 1 % of what is at stake to find out whether it can be saved. The defaults were chosen by measurement
 (`bench/load.py`): under a CPU hog on both cores of a 2-core machine a 9k-token plan took up to 14 ms, and at 0.5 %
-(8.8 ms) about 1 % of the gain at stake was lost to fallbacks; at a fixed 1 ms, about 90 %. A request's
+(8.8 ms) about 1 % of the gain at stake was lost to fallbacks; at a fixed 1 ms, about 90 %. The rule's budget is
+stretched by how much the machine slows plans down now (`slowdown`), never past `max_deadline_ms`. A request's
 `slo.deadline_ms` (never above `max_deadline_ms`) or a caller's `deadline_ms` replaces the rule. Failures (control
 plane down, a breaker open, a plugin raising) answer at once, whatever the budget.
 """
@@ -38,8 +39,14 @@ class Budget:
         return f"budget {format_ms(self.ms)} ms ({self.why})"
 
 
-def budget_for(request: Request, config: KernelConfig, cost: CostModel, deadline_ms: float | None = None) -> Budget:
-    """The budget of `request`: the caller's `deadline_ms`, else its `slo.deadline_ms` (capped), else the rule."""
+def budget_for(request: Request, config: KernelConfig, cost: CostModel, deadline_ms: float | None = None,
+               slowdown: float = 1.0) -> Budget:  # fmt: skip
+    """The budget of `request`: the caller's `deadline_ms`, else its `slo.deadline_ms` (capped), else the rule.
+
+    `slowdown` (at least 1) is how much the machine stretches plans now (the read path's estimate: recent plans'
+    wall time over their CPU time). The rule's budget is stretched by it, never past `max_deadline_ms`: a CPU hog
+    slows a plan and the prefill it would save alike, so what is at stake in wall time grows by the same factor.
+    """
     if deadline_ms is not None:
         return Budget(deadline_ms, "the caller's deadline_ms")
     asked = request.slo.deadline_ms
@@ -55,10 +62,14 @@ def budget_for(request: Request, config: KernelConfig, cost: CostModel, deadline
     share = config.deadline_fraction * stake
     rule = f"{100 * config.deadline_fraction:.3g}% of {format_ms(stake)} ms predicted prefill"
     if share <= config.deadline_ms:
-        return Budget(config.deadline_ms, f"the floor: {rule} is less")
-    if share >= config.deadline_cap_ms:
-        return Budget(max(config.deadline_cap_ms, config.deadline_ms), f"the cap: {rule} is more")
-    return Budget(share, rule)
+        ms, why = config.deadline_ms, f"the floor: {rule} is less"
+    elif share >= config.deadline_cap_ms:
+        ms, why = max(config.deadline_cap_ms, config.deadline_ms), f"the cap: {rule} is more"
+    else:
+        ms, why = share, rule
+    if slowdown >= 1.05:  # a busy machine: the stakes in wall time are larger by as much
+        ms, why = min(ms * slowdown, config.max_deadline_ms), f"{why}; x{slowdown:.2g} for this machine's load"
+    return Budget(ms, why)
 
 
 def format_ms(x: float) -> str:
