@@ -233,3 +233,23 @@ def test_folding_reports_the_run_time_cost():
     c = compile_expr("s == 'ab'.replace('b', 'cd')", PIN)
     assert "'acd'" in c.python
     assert c.cost == 1 + 1 + 1 + 1
+
+
+def test_concatenating_dyn_operands_is_bounded_at_run_time():
+    """Review of issue 29: `dyn` drops the static size, so `dyn(s) + dyn(s)` chained through `cel.bind` doubled a
+    string per step at a cost under 100 (8 MiB in 21 steps); the run time now stops it at about 1 Mi."""
+    from nexuskv.cel import CelEvalError, Env, compile_expr
+    from nexuskv.cel import types as T
+
+    src = "cel.bind(v0, dyn(s), " + "".join(f"cel.bind(v{i}, v{i - 1} + v{i - 1}, " for i in range(1, 22))
+    src += "size(v21)" + ")" * 22
+    fn = compile_expr(src, Env(variables={"s": T.STRING.with_size(8)}))
+    assert fn.cost < 200  # the static bound sees nothing through dyn: the run time has to
+    with pytest.raises(CelEvalError, match="over the size limit of 1048576"):
+        fn({"s": "abcdefgh"})
+    lists = compile_expr("cel.bind(a, dyn(l), " + "".join(f"cel.bind(a{i}, {'a' if i == 1 else f'a{i - 1}'} + "
+                         f"{'a' if i == 1 else f'a{i - 1}'}, " for i in range(1, 22)) + "size(a21)" + ")" * 22,
+                         Env(variables={"l": T.list_of(T.INT, 8)}))  # fmt: skip
+    with pytest.raises(CelEvalError, match="over the size limit"):
+        lists({"l": list(range(8))})
+    assert compile_expr("dyn(s) + dyn(s)", Env(variables={"s": T.STRING}))({"s": "ab"}) == "abab"

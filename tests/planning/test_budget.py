@@ -34,7 +34,7 @@ def test_the_budget_grows_with_the_stakes_and_stays_between_floor_and_cap(a, b):
 
 @given(st.integers(0, 1 << 21))
 def test_the_stake_is_the_cost_models_recompute_time(n):
-    cfg = KernelConfig(deadline_ms=1e-9, deadline_fraction=1.0, deadline_cap_ms=1e12)
+    cfg = KernelConfig(deadline_ms=1e-9, deadline_fraction=1.0, deadline_cap_ms=1e12, max_deadline_ms=1e12)
     got = budget_for(make_request(range(n)), cfg, COST).ms
     assert got == max(1e-9, COST.recompute_ms(n)) or abs(got - COST.recompute_ms(n)) <= 1e-9 * COST.recompute_ms(n)
 
@@ -46,7 +46,9 @@ def test_a_callers_deadline_or_a_requests_slo_replaces_the_rule_the_slo_never_ab
     assert budget_for(attrs.evolve(req, slo=Slo(deadline_ms=7.0)), cfg, COST).ms == 7.0
     capped = budget_for(attrs.evolve(req, slo=Slo(deadline_ms=3_600_000)), cfg, COST)
     assert capped.ms == 50.0 and "capped at max_deadline_ms" in capped.why
-    assert budget_for(req, KernelConfig(deadline_ms=60_000.0), COST).ms == 60_000.0  # a floor above the cap wins
+    assert budget_for(req, KernelConfig(deadline_ms=600.0), COST).ms == 600.0  # a floor above the cap wins
+    over = budget_for(req, KernelConfig(deadline_ms=60_000.0), COST)  # ... never past max_deadline_ms (1 s)
+    assert over.ms == 1000.0 and over.why.endswith("capped at max_deadline_ms")
 
 
 def test_every_plan_says_its_budget_and_a_fallback_says_why_it_had_that_budget():

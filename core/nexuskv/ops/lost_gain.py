@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,8 @@ __all__ = ["LostGain"]
 log = get_logger("nexuskv.kernel")
 
 _QUEUE = 256
+_QUEUED_TOKENS = 1 << 21  # prompts waiting to be judged hold at most this many tokens (~75 MB), whatever their count
+_PER_SECOND = 50  # judged at most this often: an outage that makes every plan fall back does not double the work
 
 
 class LostGain:
@@ -35,23 +38,47 @@ class LostGain:
         self._queue: queue.Queue[tuple[Any, str] | None] = queue.Queue(_QUEUE)
         self._counts: dict[str, list[float]] = {}  # reason -> [fallbacks, judged, lost gain ms]
         self._pending = 0  # queued or being judged
+        self._tokens = 0  # tokens of the prompts queued or being judged
+        self._allowance = float(_PER_SECOND)  # a token bucket: judgements left now
+        self._refilled = time.monotonic()
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def fell_back(self, request: Any, reason: str) -> None:
-        """Count a fallback of class `reason` and queue its request to be judged (never blocks)."""
+    def fell_back(self, request: Any, reason: str, judge: bool = True) -> None:
+        """Count a fallback of class `reason` and queue its request to be judged (never blocks, never raises).
+
+        `judge=False` counts it only (a fallback the caller asked for with a deadline of its own is not the kernel's
+        loss, and judging it would let a caller make the kernel plan at a budget it never granted). A fallback
+        past the rate (50 a second) or the queue's bounds (256 requests, 2 Mi tokens) is counted, not judged.
+        """
+        size = len(getattr(request, "token_ids", ()))
         with self._lock:
             self._counts.setdefault(reason, [0, 0, 0.0])[0] += 1
-            if self._closed:
+            if self._closed or not judge or self._tokens + size > _QUEUED_TOKENS or not self._take():
                 return
             if self._thread is None:  # started on the first fallback: a kernel that never falls back has no thread
-                self._thread = threading.Thread(target=self._run, name="nexuskv-lost-gain", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="nexuskv-lost-gain", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had now (a process at its limit): judged another time
+                    return
+                self._thread = thread
             try:
                 self._queue.put_nowait((request, reason))
             except queue.Full:
                 return  # counted, never judged: `unjudged` says how many
             self._pending += 1
+            self._tokens += size
+
+    def _take(self) -> bool:
+        """One judgement from the token bucket (under the lock)."""
+        now = time.monotonic()
+        self._allowance = min(float(_PER_SECOND), self._allowance + (now - self._refilled) * _PER_SECOND)
+        self._refilled = now
+        if self._allowance < 1.0:
+            return False
+        self._allowance -= 1.0
+        return True
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -67,6 +94,7 @@ class LostGain:
                     row[1] += 1
                     row[2] += gain
                 self._pending -= 1
+                self._tokens -= len(getattr(request, "token_ids", ()))
                 self._lock.notify_all()
 
     def drain(self, timeout_s: float = 5.0) -> bool:
@@ -87,10 +115,12 @@ class LostGain:
             thread = self._thread
             while True:
                 try:
-                    if self._queue.get_nowait() is not None:
-                        self._pending -= 1
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
+                if item is not None:
+                    self._pending -= 1
+                    self._tokens -= len(getattr(item[0], "token_ids", ()))
             self._lock.notify_all()
         if thread is not None:
             self._queue.put(None)

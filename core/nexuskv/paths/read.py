@@ -87,6 +87,7 @@ class ReadPath:
         self.deadline_fallbacks = 0  # plans that answered recompute because their deadline passed
         self._lock = threading.Lock()  # guards prefetch de-duplication and the fallback count
         self.lost = LostGain(self.hindsight)  # per fail-open reason: the gain fallbacks gave up
+        self._judging = planner.judging()  # the warm-up's and hindsight's planner: it takes no breaker trial
         self.slowdown = 1.0  # recent plans' wall time over their CPU time (EWMA, 1 to MAX_SLOWDOWN): the budget's load
 
     @property
@@ -166,8 +167,9 @@ class ReadPath:
             with self._lock:  # the count stays exact under many planning threads
                 self.deadline_fallbacks += 1
             why = "" if deadline_ms is not None else f" (the budget: {budget.why})"
-            return self._fallback(request, decision_id, t0,
-                                  f"deadline {_ms(budget.ms)} ms passed in {exc.stage}{why}")  # fmt: skip
+            asked = deadline_ms is not None or request.slo.deadline_ms is not None  # the caller's own deadline
+            return self._fallback(request, decision_id, t0, f"deadline {_ms(budget.ms)} ms passed in {exc.stage}{why}",
+                                  asked=asked)  # fmt: skip
         except Exception as exc:
             log.exception("planning failed", stage=stage, request_id=request.request_id)
             return self._fallback(request, decision_id, t0, f"{stage} failed: {type(exc).__name__}: {exc}")
@@ -208,7 +210,7 @@ class ReadPath:
             policies.for_tenant(tenant)
             policies.shared_with(tenant)
         args = self._args(req, "0" * 16, policies)
-        decision, _ = decide_with_shares(self.planner, req, match, policy, shares, args,
+        decision, _ = decide_with_shares(self._judging, req, match, policy, shares, args,
                                          lambda owner, scope: None, None)  # fmt: skip
         budget_for(req, self.config, self.cost)
         to_dict(self.seal.seal(decision.plan))
@@ -221,19 +223,21 @@ class ReadPath:
                     prefetch_target=self.prefetch_target)  # fmt: skip
 
     def hindsight(self, request: Request) -> float:
-        """The gain (ms) a plan of `request` predicts now, made under `max_deadline_ms` and not recorded.
+        """The gain (ms) a plan of `request` predicts now, made under the largest budget the rule gives, not recorded.
 
         What `LostGain` charges a fallback with: the plan it would have been, had it had the time (0 when that plan
         recomputes too).
         """
         policies = self.policies
-        end = time.perf_counter() + self.config.max_deadline_ms / 1e3
+        cfg = self.config
+        limit = min(cfg.max_deadline_ms, max(cfg.deadline_cap_ms, cfg.deadline_ms) * MAX_SLOWDOWN)
+        end = time.perf_counter() + limit / 1e3  # the most the budget rule could ever have given it
         keys = self.keys.keys(request, end)
         match = match_within(self.index, keys, request.layout, end, self._bounded_by)
         policy = policies.for_tenant(request.tenant) if policies is not None else None
         shares = policies.shared_with(request.tenant) if policies is not None else ()
         lookup = functools.partial(self.keys.shared_match, self.index, request, end, self._bounded_by, None)
-        decision, _ = decide_with_shares(self.planner, request, match, policy, shares,
+        decision, _ = decide_with_shares(self._judging, request, match, policy, shares,
                                          self._args(request, "0" * 16, policies), lookup, end)  # fmt: skip
         plan = decision.plan
         return plan.predicted.gain_ms if plan.action is PlanAction.MATERIALIZE else 0.0
@@ -248,13 +252,14 @@ class ReadPath:
             out[tier] = out.get(tier, 0.0) + n
         return out
 
-    def _fallback(self, request: Request, decision_id: str, t0: float, reason: str) -> Plan:
+    def _fallback(self, request: Request, decision_id: str, t0: float, reason: str, asked: bool = False) -> Plan:
         plan = to_plan(request, None, action=PlanAction.RECOMPUTE, decision_id=decision_id,
                        page=request.layout.page_size, transport="", reasons=[f"fail-open: {reason}"],
                        epoch=self.membership.epoch, cost=self.cost)  # fmt: skip
         plan = self.seal.seal(plan, fresh=True)
         self.decisions.record(plan, t0, fallback=True)
-        self.lost.fell_back(request, fail_open_reason(reason))  # what it gave up: judged later, off this thread
+        # what it gave up, judged later off this thread; not when the caller set the deadline that passed
+        self.lost.fell_back(request, fail_open_reason(reason), judge=not asked)
         return plan
 
     def _propose_prefetch(self, request: Request, keys: Sequence[bytes], plan: Plan) -> None:

@@ -89,7 +89,37 @@ class Health:
         b = self._breakers.get(name)
         return True if b is None else b.allow()
 
+    def peek(self, name: str) -> bool:
+        """Whether the path is usable now (closed), changing nothing.
+
+        A plan made only to be judged, never executed (the warm-up's, a fallback's hindsight), must not take a
+        half-open breaker's one trial.
+        """
+        b = self._breakers.get(name)
+        return b is None or b.state == "closed"
+
+    def judging(self) -> Judging:
+        """A view of these breakers whose `allow` only peeks (for plans judged, never executed)."""
+        return Judging(self)
+
     def snapshot(self) -> dict[str, dict[str, object]]:
         """State of every breaker, for observability."""
         return {n: {"state": b.state, "failures": b.failures, "trips": b.trips, "last_error": b.last_error}
                 for n, b in sorted(dict(self._breakers).items())}  # fmt: skip (a copy: breakers are added meanwhile)
+
+
+class Judging:
+    """`Health` as a plan that is only judged sees it: `allow` peeks, and nothing changes state."""
+
+    __slots__ = ("_health",)
+
+    def __init__(self, health: Health) -> None:
+        self._health = health
+
+    def allow(self, name: str) -> bool:
+        """True when the path's breaker is closed (no half-open trial is taken)."""
+        return self._health.peek(name)
+
+    def breaker(self, name: str) -> Breaker:
+        """The breaker itself (read only, by convention)."""
+        return self._health.breaker(name)

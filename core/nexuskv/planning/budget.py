@@ -68,7 +68,9 @@ def budget_for(request: Request, config: KernelConfig, cost: CostModel, deadline
     else:
         ms, why = share, rule
     if slowdown >= 1.05:  # a busy machine: the stakes in wall time are larger by as much
-        ms, why = min(ms * slowdown, config.max_deadline_ms), f"{why}; x{slowdown:.2g} for this machine's load"
+        ms, why = ms * slowdown, f"{why}; x{slowdown:.2g} for this machine's load"
+    if ms > config.max_deadline_ms:  # the rule never gives more than a request may ask for
+        ms, why = config.max_deadline_ms, f"{why}; capped at max_deadline_ms"
     return Budget(ms, why)
 
 

@@ -9,6 +9,7 @@ then tier order.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 
 from attrs import Factory, define, field
@@ -44,6 +45,16 @@ class Candidate:
 
 class Planner:
     """Prices candidates; holds no state of its own besides configuration."""
+
+    def judging(self) -> Planner:
+        """This planner over a view of the breakers that changes nothing.
+
+        For plans judged, never executed (the warm-up's, a fallback's hindsight): they must not take a half-open
+        breaker's one trial.
+        """
+        twin = copy.copy(self)
+        twin.health = self.health.judging()  # type: ignore[assignment]
+        return twin
 
     def __init__(self, cost: CostModel, health: Health, tier_order: Sequence[str], transport: str = "local",
                  remote_transport: str = "", shared_tiers: Sequence[str] = ()) -> None:  # fmt: skip

@@ -99,6 +99,8 @@ class SidecarConfig:
                            ("oversize_holds_per_token", 0)):  # fmt: skip
             if limits[key] < floor:
                 raise ConfigError(f"{origin}: {key}: {limits[key]} is below {floor}")
+        if not limits["oversize_hold_s"] <= 3600:  # a hold is a socket held: bounded in time too (inf, NaN refused)
+            raise ConfigError(f"{origin}: oversize_hold_s: {limits['oversize_hold_s']} is not at most 3600")
         auth = data.get("auth", {})
         if not isinstance(auth, Mapping):
             raise ConfigError(f"{origin}: auth: expected a table of tenant = [tokens], got {type(auth).__name__}")

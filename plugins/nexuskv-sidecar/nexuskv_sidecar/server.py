@@ -29,11 +29,11 @@ class Sidecar:
         self.config = config
         self.kernel = kernel or (Kernel.from_config(config.kernel) if config.kernel else Kernel(KernelConfig()))
         self._own_kernel = kernel is None
-        cap = self.kernel.config.deadline_cap_ms
-        if cap > config.max_deadline_ms:  # the kernel's budget rule may not give a plan more than the server allows
+        most = self.kernel.config.max_deadline_ms  # the most the kernel's budget rule gives a plan, stretched or not
+        if most > config.max_deadline_ms:  # ... and never more than this server allows a request to ask for
             if self._own_kernel:
                 self.kernel.close()
-            raise ConfigError(f"the kernel's deadline_cap_ms {cap:g} is over the sidecar's max_deadline_ms "
+            raise ConfigError(f"the kernel's max_deadline_ms {most:g} is over the sidecar's max_deadline_ms "
                               f"{config.max_deadline_ms:g}: lower the kernel's or raise the sidecar's")  # fmt: skip
         self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes,
                               limits=Limits(plan_body_bytes=config.max_plan_body_bytes, tokens=config.max_tokens,

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from _sidecar_helpers import TOKENS, call, commit_all, make_request
+from _sidecar_helpers import SECRET, TOKENS, call, commit_all, make_request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -338,13 +338,15 @@ def test_head_answers_like_get(sidecar):
     conn.close()
 
 
-def test_plan_bodies_tokens_and_deadlines_are_capped_each_with_a_clear_4xx(kernel):
+def test_plan_bodies_tokens_and_deadlines_are_capped_each_with_a_clear_4xx():
     """Issue 29, finding 3: a 50 MB body and a deadline of hours were planned; each is now refused before any work."""
+    from nexuskv import Kernel, KernelConfig
     from nexuskv_sidecar import Sidecar, SidecarConfig, digest
 
     cfg = SidecarConfig(port=0, tokens={digest(t): tenant for tenant, t in TOKENS.items()},
                         max_plan_body_bytes=64 << 10, max_tokens=4096, max_deadline_ms=50.0)  # fmt: skip
-    with Sidecar(cfg, kernel=kernel) as sc:
+    kcfg = KernelConfig(node="n1", max_deadline_ms=50.0, tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"}})
+    with Kernel(kcfg, secret=SECRET) as kernel, Sidecar(cfg, kernel=kernel) as sc:
         status, body = call(sc.port, "POST", "/v1/plan", raw=b"x" * ((64 << 10) + 1))
         assert status == 413 and "over the limit of 65536" in body["error"]
         status, body = call(sc.port, "POST", "/v1/plan", to_dict(make_request(range(4097))))

@@ -97,6 +97,7 @@ def test_one_oversize_body_by_mistake_is_answered_at_once_and_holds_can_be_turne
 
 @pytest.mark.parametrize("key, value, problem", [
     ("oversize_hold_s", -1, "oversize_hold_s: -1.0 is below 0"),
+    ("oversize_hold_s", 1e9, "oversize_hold_s: 1000000000.0 is not at most 3600"),
     ("oversize_holds_per_token", "8", "oversize_holds_per_token: expected int, got str"),
 ])  # fmt: skip
 def test_hold_settings_in_the_config_file_are_checked(key, value, problem):
@@ -106,10 +107,11 @@ def test_hold_settings_in_the_config_file_are_checked(key, value, problem):
         SidecarConfig.from_mapping(json.loads(json.dumps({key: value})))
 
 
-def test_a_kernel_whose_budget_cap_is_over_the_sidecars_maximum_is_refused_at_start():
-    """Issue 30: a plan's budget is sized by the stakes, and in a sidecar never above the server's maximum."""
+def test_a_kernel_whose_budget_can_exceed_the_sidecars_maximum_is_refused_at_start():
+    """Issue 30: a plan's budget is sized by the stakes (and stretched under load, never past the kernel's
+    max_deadline_ms), and in a sidecar never above the server's maximum."""
     from nexuskv import ConfigError, Kernel, KernelConfig
 
-    with Kernel(KernelConfig(node="n1", deadline_cap_ms=80.0), secret=bytes(32)) as k, \
-            pytest.raises(ConfigError, match="deadline_cap_ms 80 is over the sidecar's max_deadline_ms 50"):
+    with Kernel(KernelConfig(node="n1", max_deadline_ms=80.0), secret=bytes(32)) as k, \
+            pytest.raises(ConfigError, match="max_deadline_ms 80 is over the sidecar's max_deadline_ms 50"):
         Sidecar(SidecarConfig(port=0, max_deadline_ms=50.0), kernel=k)

@@ -27,9 +27,9 @@ Request::
     version    u8        3
     tier_len   u16       <= 255
     count      u32       <= 65536
-    ns_len     u16       1 .. 1024
+    ns_len     u16       32
     tier       tier_len bytes (UTF-8 tier name)
-    namespace  ns_len bytes (UTF-8 JSON array: [tenant, scope, cache salt])
+    namespace  32 bytes: BLAKE2b-256 of the JSON array [tenant, scope, cache salt] (`namespace_digest`)
     count times:
         slot_len   u16   <= 1024
         slot       slot_len bytes
@@ -65,7 +65,7 @@ __all__ = [
     "HIT",
     "MAGIC",
     "MAX_SLOT_BYTES",
-    "MAX_NAMESPACE_BYTES",
+    "NAMESPACE_BYTES",
     "MAX_SLOTS",
     "MAX_TIER_BYTES",
     "MISS",
@@ -76,9 +76,8 @@ __all__ = [
     "PeerClosed",
     "ProtocolError",
     "Reader",
-    "decode_namespace",
     "encode_answer",
-    "encode_namespace",
+    "namespace_digest",
     "encode_request",
     "read_answer_head",
     "read_request",
@@ -108,7 +107,7 @@ STATUSES = frozenset((MISS, HIT, UNKNOWN_TIER, SERVER_ERROR))
 MAX_TIER_BYTES = 255
 MAX_SLOT_BYTES = 1024
 MAX_SLOTS = 65536
-MAX_NAMESPACE_BYTES = 1024
+NAMESPACE_BYTES = 32
 
 _BUFFER = 64 << 10  # read-ahead buffer of small fields
 _IOV_MAX = 512  # buffers per sendmsg call (Linux allows 1024)
@@ -217,20 +216,13 @@ def send_buffers(sock: socket.socket, buffers: Sequence[bytes | memoryview]) -> 
                 sent = 0
 
 
-def encode_namespace(tenant: str, scope: str, cache_salt: str) -> bytes:
-    """The namespace field of a request: a JSON array, so no separator can be smuggled through a name."""
-    return json.dumps([tenant, scope, cache_salt], separators=(",", ":")).encode()
+def namespace_digest(tenant: str, scope: str, cache_salt: str) -> bytes:
+    """The namespace field of a request: a BLAKE2b-256 of `[tenant, scope, cache salt]` as JSON.
 
-
-def decode_namespace(raw: bytes) -> tuple[str, str, str]:
-    """(tenant, scope, cache salt) of a request's namespace field; `ProtocolError` unless it is three strings."""
-    try:
-        value = json.loads(raw)
-    except ValueError as e:
-        raise ProtocolError("the request's namespace is not JSON") from e
-    if not (isinstance(value, list) and len(value) == 3 and all(isinstance(v, str) for v in value)):
-        raise ProtocolError("the request's namespace is not [tenant, scope, cache salt]")
-    return value[0], value[1], value[2]
+    No separator can be smuggled through a name, and however long a tenant's scope or salt, the field is 32 bytes.
+    """
+    text = json.dumps([tenant, scope, cache_salt], separators=(",", ":")).encode()
+    return hashlib.blake2b(text, digest_size=NAMESPACE_BYTES, person=b"nxkt-namespace").digest()
 
 
 def encode_request(tier: bytes, slots: Sequence[bytes], namespace: bytes) -> bytes:
@@ -253,8 +245,8 @@ def read_request(reader: Reader) -> tuple[str, bytes, list[bytes]]:
         raise ProtocolError(f"tier name of {tier_len} bytes (at most {MAX_TIER_BYTES})")
     if count > MAX_SLOTS:
         raise ProtocolError(f"{count} slots in one request (at most {MAX_SLOTS})")
-    if not 0 < ns_len <= MAX_NAMESPACE_BYTES:
-        raise ProtocolError(f"namespace of {ns_len} bytes (a request names one, of at most {MAX_NAMESPACE_BYTES})")
+    if ns_len != NAMESPACE_BYTES:
+        raise ProtocolError(f"namespace of {ns_len} bytes (a request names one: its {NAMESPACE_BYTES}-byte digest)")
     try:
         tier = bytes(reader.exact(tier_len)).decode()
     except UnicodeDecodeError as e:
@@ -269,14 +261,11 @@ def read_request(reader: Reader) -> tuple[str, bytes, list[bytes]]:
     return tier, namespace, slots
 
 
-def read_sealed_request(reader: Reader, session: Session) -> tuple[str, tuple[str, str, str], list[bytes]]:
-    """`read_request`, then the frame's MAC, checked; the namespace is decoded only once the MAC checks.
-
-    Raises `AuthenticationError` unless the MAC is the session's next one.
-    """
+def read_sealed_request(reader: Reader, session: Session) -> tuple[str, bytes, list[bytes]]:
+    """`read_request`, then the frame's MAC, checked: `AuthenticationError` unless it is the session's next one."""
     tier, namespace, slots = read_request(reader)
     session.check(encode_request(tier.encode(), slots, namespace), reader.exact(FRAME_MAC_BYTES))
-    return tier, decode_namespace(namespace), slots
+    return tier, namespace, slots
 
 
 def encode_answer(status: int, descriptor: bytes = b"", payload_len: int = 0) -> bytes:

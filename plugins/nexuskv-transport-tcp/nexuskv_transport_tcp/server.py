@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hmac
 import socket
 import socketserver
 import ssl
@@ -19,6 +20,7 @@ from nexuskv_transport_tcp._wire import (
     ProtocolError,
     Reader,
     encode_answer,
+    namespace_digest,
     read_sealed_request,
     send_buffers,
     server_handshake,
@@ -58,15 +60,15 @@ class _Handler(socketserver.BaseRequestHandler):
             log.warning("tcp_handshakes_full", peer=peer, limit=MAX_HANDSHAKES)
             _shut(sock)
             return
-        authenticating = True
+        authenticating = True  # the place taken above is given back exactly once, whatever happens from here
         self.server.track(sock, True)
         # The whole handshake (TLS, then the peer key's) has HANDSHAKE_S, however slowly its bytes trickle in:
         # past it the connection is shut down under the reader.
         current = [sock]  # what the timer shuts: the TLS socket once there is one
         late = threading.Timer(HANDSHAKE_S, lambda: _shut(current[0]))
         late.daemon = True
-        late.start()
         try:
+            late.start()  # inside: a flood that exhausts threads must not leak the place
             sock.settimeout(HANDSHAKE_S)
             if self.server.tls is not None:
                 self.server.track(sock, False)
@@ -150,11 +152,11 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
         with self._refused_lock:
             self.handshaking -= 1
 
-    def outside_namespace(self, tier: str, slot: bytes) -> None:
-        """Count (and log) a slot asked for under another namespace than its state's (from any handler thread)."""
+    def outside_namespace(self, tier: str, n: int) -> None:
+        """Count (and log, once per request) slots asked for under another namespace than their state's."""
         with self._refused_lock:
-            self.outside += 1
-        log.warning("tcp_slot_outside_namespace", tier=tier, slot=slot.hex())
+            self.outside += n
+        log.warning("tcp_slots_outside_namespace", tier=tier, slots=n)
 
     def track(self, sock: socket.socket, live: bool) -> None:
         """Remember (or forget) an open connection, so `stop` can end it."""
@@ -164,16 +166,22 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
             else:
                 self._conns.discard(sock)
 
-    def answer(self, sock: socket.socket, tier: str, namespace: tuple[str, str, str], slots: list[bytes]) -> None:
-        """Send one answer per slot, batching small ones into vectored sends; only `namespace`'s state is served."""
+    def answer(self, sock: socket.socket, tier: str, namespace: bytes, slots: list[bytes]) -> None:
+        """Send one answer per slot, batching small ones into vectored sends; only `namespace`'s state is served.
+
+        `namespace` is the request's digest of it (`namespace_digest`).
+        """
         store = self.tiers.get(tier)
         pending: list[bytes | memoryview] = []
         size = 0
+        digests: dict[object, bytes] = {}  # a descriptor's namespace -> its digest, for this request
+        outside = 0
         for slot in slots:
             if store is None:
                 pending.append(encode_answer(UNKNOWN_TIER))
             else:
-                head, payload = _answer_slot(store, tier, slot, namespace, self)
+                head, payload = _answer_slot(store, tier, slot, namespace, digests, self.descriptors)
+                outside += head is _OUTSIDE
                 pending.append(head)
                 size += len(head)
                 if payload is not None:
@@ -183,6 +191,8 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
                 send_buffers(sock, pending)
                 pending, size = [], 0
         send_buffers(sock, pending)
+        if outside:
+            self.outside_namespace(tier, outside)
 
     def stop(self) -> None:
         """Stop accepting (the caller has ended `serve_forever`), close the listener, end open connections."""
@@ -194,22 +204,28 @@ class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
                 sock.shutdown(socket.SHUT_RDWR)
 
 
-def _answer_slot(store: TierStore, tier: str, slot: bytes, namespace: tuple[str, str, str],
-                 server: Server) -> tuple[bytes, memoryview | None]:  # fmt: skip
+_OUTSIDE = encode_answer(MISS)  # the answer to a slot of another namespace: a miss like any other (same bytes)
+
+
+def _answer_slot(store: TierStore, tier: str, slot: bytes, namespace: bytes, digests: dict[object, bytes],
+                 encoder: DescriptorEncoder) -> tuple[bytes, memoryview | None]:  # fmt: skip
     """(answer head + descriptor, payload view or None) of one slot; a store failure is a server-error answer.
 
-    State of another namespace than the request names is answered as a miss: nothing of it leaves this node.
+    State of another namespace than the request names is answered as a miss (`_OUTSIDE`, the same bytes as a
+    miss): nothing of it leaves this node.
     """
     try:
         got = store.get(slot)
         if got is None:
             return encode_answer(MISS), None
         ns = got.descriptor.namespace
-        if (ns.tenant, ns.scope, ns.cache_salt) != namespace:
-            server.outside_namespace(tier, slot)
-            return encode_answer(MISS), None
+        digest = digests.get(ns)
+        if digest is None:
+            digest = digests[ns] = namespace_digest(ns.tenant, ns.scope, ns.cache_salt)
+        if not hmac.compare_digest(digest, namespace):
+            return _OUTSIDE, None
         payload = memoryview(got.payload).cast("B")
-        descriptor = server.descriptors.encode(got.descriptor)
+        descriptor = encoder.encode(got.descriptor)
     except Exception as e:
         log.exception("tcp_store_read_failed", tier=tier, slot=slot.hex())
         return encode_answer(SERVER_ERROR, f"{type(e).__name__}: {e}".encode()[:4096]), None

@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from nexuskv import DescriptorParser, Namespace, StateDescriptor, StoredState, TierStore, get_logger, parse_bytes
 from nexuskv_transport_tcp._wire import (
     HIT,
-    MAX_NAMESPACE_BYTES,
     MAX_SLOT_BYTES,
     MAX_SLOTS,
     MAX_TIER_BYTES,
@@ -25,8 +24,8 @@ from nexuskv_transport_tcp._wire import (
     AuthenticationError,
     PeerClosed,
     ProtocolError,
-    encode_namespace,
     encode_request,
+    namespace_digest,
     read_answer_head,
 )
 from nexuskv_transport_tcp.connections import Conn, Pool, connect, format_address, parse_address
@@ -179,9 +178,7 @@ class TcpTransport:
             raise TransportError(f"tcp peer {address}: no peer key (the kernel calls authenticate(key) first)")
         limit = self.timeout_s if timeout_s is None else float(timeout_s)
         deadline = time.monotonic() + limit
-        ns = encode_namespace(namespace.tenant, namespace.scope, namespace.cache_salt)
-        if len(ns) > MAX_NAMESPACE_BYTES:
-            raise ValueError(f"namespace of {len(ns)} bytes (at most {MAX_NAMESPACE_BYTES})")
+        ns = namespace_digest(namespace.tenant, namespace.scope, namespace.cache_salt)  # 32 bytes, whatever the names
         out: list[StoredState | None] = []
         for start in range(0, len(slots), MAX_SLOTS):
             chunk = slots[start : start + MAX_SLOTS]

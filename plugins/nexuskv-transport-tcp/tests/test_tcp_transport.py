@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from nexuskv import Namespace, PluginManager, Transport, to_dict
 from nexuskv.builtins.dram import DramStore
 from nexuskv_transport_tcp import TcpTransport, TransportError
+from nexuskv_transport_tcp._wire import namespace_digest
 
 PEER = Path(__file__).with_name("_tcp_peer.py")
 
@@ -215,7 +216,7 @@ def test_pooled_connection_closed_before_answering_is_retried_on_a_fresh_one():
 # --------------------------------------------------------------------------------------------- the server
 
 
-NS_FIELD = json.dumps(["acme", "", ""], separators=(",", ":")).encode()
+NS_FIELD = namespace_digest("acme", "", "")
 HEAD = struct.Struct(">4sBHIH")
 REQUEST = HEAD.pack(b"NXKT", 3, 4, 1, len(NS_FIELD)) + b"dram" + NS_FIELD + struct.pack(">H", 17) + slot_n(1)
 MALFORMED = {
@@ -224,7 +225,7 @@ MALFORMED = {
     "tier too long": HEAD.pack(b"NXKT", 3, 256, 0, len(NS_FIELD)),
     "too many slots": HEAD.pack(b"NXKT", 3, 4, 65537, len(NS_FIELD)) + b"dram",
     "no namespace": HEAD.pack(b"NXKT", 3, 4, 1, 0) + b"dram",
-    "namespace too long": HEAD.pack(b"NXKT", 3, 4, 1, 1025) + b"dram",
+    "namespace not a digest": HEAD.pack(b"NXKT", 3, 4, 1, 33) + b"dram",
     "slot too long": HEAD.pack(b"NXKT", 3, 4, 1, len(NS_FIELD)) + b"dram" + NS_FIELD + struct.pack(">H", 1025),
     "truncated": REQUEST[:-3],
 }
@@ -260,16 +261,14 @@ def test_a_fetch_is_answered_only_for_the_namespace_it_names(store, server, clie
     check(client.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)[0], payload, slot_n(1))
 
 
-def test_a_sealed_frame_with_a_malformed_namespace_is_refused(store, server):
-    put(store, 1, 10)
-    bad = b'["acme", 1, ""]'
-    frame = HEAD.pack(b"NXKT", 3, 4, 1, len(bad)) + b"dram" + bad + struct.pack(">H", 17) + slot_n(1)
-    sock, session = authenticated(server.address)
-    with structlog.testing.capture_logs() as logs, sock as s:
-        s.sendall(session.seal(frame))
-        s.settimeout(10)
-        assert s.recv(1 << 16) == b""  # closed, nothing answered
-    assert any(e["event"] == "tcp_malformed_request" and "namespace" in e["error"] for e in logs)
+def test_a_long_namespace_costs_the_same_32_bytes_and_never_raises(store, server, client):
+    """Review: a tenant's long scope or cache salt made the namespace field too long, a ValueError that tripped the
+    peer link's breaker for every tenant; the field is a fixed-size digest."""
+    payload = put(store, 1, 10)
+    long_salt = Namespace("acme", cache_salt="\u00e9" * 10_000)
+    assert client.fetch_remote(server.address, TIER, [slot_n(1)], namespace=long_salt) == [None]
+    check(client.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)[0], payload, slot_n(1))
+    assert server._server.outside == 1
 
 
 def test_serve_once_close_idempotent_and_live_mapping(store):
@@ -572,3 +571,27 @@ def test_a_keyless_peer_trickling_its_handshake_is_cut_off_after_the_handshake_l
                 s.settimeout(10)
         assert closed_at is not None  # cut off: it did not get 4 s
     t.close()
+
+
+def test_a_handshake_place_is_given_back_when_its_timer_cannot_start(store, server, client, monkeypatch):
+    """Review: under thread exhaustion `Timer.start` raised before the `try`, and the place leaked for good."""
+    from nexuskv_transport_tcp import server as server_module
+
+    real_start, failed = threading.Timer.start, []
+
+    def start(self):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(server_module.threading.Timer, "start", start)
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        assert _drain(s) == b""  # that connection ended
+    deadline = time.monotonic() + 10
+    while (failed == [] or server._server.handshaking) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert failed and server._server.handshaking == 0
+    payload = put(store, 1, 10)
+    check(client.fetch_remote(server.address, TIER, [slot_n(1)], namespace=NS)[0], payload, slot_n(1))

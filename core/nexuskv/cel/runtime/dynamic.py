@@ -178,6 +178,11 @@ def as_bool(v: Any, pos: int = -1) -> bool:
 
 # --------------------------------------------------------------------------------------------- dyn dispatch
 
+MAX_DYN_CONCAT = 1 << 20
+"""The longest string or bytes (characters) or list (items) `+` builds from dyn operands (about 1 Mi, as `replace`,
+`format` and `join`): the static cost bound sees no size through `dyn`, so `dyn(s) + dyn(s)` chained through
+`cel.bind` could otherwise double a string per step at a cost of a few units."""
+
 
 def d_arith(op: str, a: Any, b: Any, pos: int = -1) -> Any:
     """Arithmetic on dyn operands, dispatching on the run-time kinds."""
@@ -190,11 +195,12 @@ def d_arith(op: str, a: Any, b: Any, pos: int = -1) -> Any:
         if op == "/":
             return fdiv(a, b, pos)
         return a + b if op == "+" else a - b if op == "-" else a * b
-    if op == "+":
-        if ka == kb and ka in ("string", "bytes"):
-            return a + b
-        if ka == kb == "list":
-            return [*a, *b]
+    if op == "+":  # dyn operands carry no static size bound: the result is bounded here (issue 29)
+        if (ka == kb and ka in ("string", "bytes")) or ka == kb == "list":
+            if len(a) + len(b) > MAX_DYN_CONCAT:
+                err(f"+: a {ka} of {len(a) + len(b)} {'items' if ka == 'list' else 'characters'}, over the size "
+                    f"limit of {MAX_DYN_CONCAT}", pos)  # fmt: skip
+            return [*a, *b] if ka == "list" else a + b
         if (ka, kb) in (("timestamp", "duration"), ("duration", "timestamp"), ("duration", "duration")):
             return tadd(a, b, pos)
     if op == "-" and (ka, kb) in (
