@@ -195,6 +195,13 @@ def e2e() -> float:
     fell = sum(1 for o in merged.outcomes["nexuskv"] if o.plan and o.plan.reasons[0].startswith("fail-open"))
     same = sum(1 for a, b in zip(merged.outcomes["nexuskv"], merged.outcomes["always"], strict=True)
                if a.tokens_recomputed == b.tokens_recomputed)  # fmt: skip
+    for mode in ("nexuskv", "always"):  # where each strategy's time goes (means over the same requests, ms)
+        outs = merged.outcomes[mode]
+        parts = {p: statistics.fmean(o.timings.get(f"{p}_s", 0.0) for o in outs) * 1e3 for p in ("plan", "restore",
+                                                                                                  "prefill")}
+        print(f"  {mode:8s} by part: plan {parts['plan']:.2f} ms, restore {parts['restore']:.2f} ms, prefill of the "
+              f"rest {parts['prefill']:.2f} ms, the rest of TTFT "
+              f"{statistics.fmean(o.ttft_s for o in outs) * 1e3 - sum(parts.values()):.2f} ms")  # fmt: skip
     print(f"  {len(merged.items)} requests: NexusKV mean TTFT {merged.mean_ttft('nexuskv', SHARED_PHASES):.1f} ms, "
           f"always-reuse {merged.mean_ttft('always', SHARED_PHASES):.1f} ms, never-reuse "
           f"{merged.mean_ttft('never', SHARED_PHASES):.1f} ms; NexusKV fell back {fell} times; both prefilled "
