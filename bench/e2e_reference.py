@@ -59,15 +59,7 @@ def main() -> None:
         merged: RunResult | None = None
         for r in range(args.rounds):
             got = run_workload(model, profile, demo_workload(seed=r, **(SMALL_WORKLOAD if QUICK else {})))
-            if merged is None:
-                merged = got
-            else:
-                merged.items += got.items
-                for m, outs in got.outcomes.items():
-                    merged.outcomes[m] += outs
-                for m in got.max_logit_diff:
-                    merged.max_logit_diff[m] = max(merged.max_logit_diff[m], got.max_logit_diff[m])
-                    merged.argmax_equal[m] &= got.argmax_equal[m]
+            merged = got if merged is None else merged.absorb(got)
     assert merged is not None
     print(merged.table())
     for m in ("nexuskv", "always"):

@@ -163,7 +163,7 @@ def e2e() -> float:
 
     from nexuskv_transformers.calibrate import calibrate, measurable, save
     from nexuskv_transformers.connector import TransformersConnector
-    from nexuskv_transformers.demo import RunResult, demo_config
+    from nexuskv_transformers.demo import RunResult, demo_config, run_workload
     from nexuskv_transformers.models import build_model
     from nexuskv_transformers.workload import SHARED_PHASES, demo_workload
 
@@ -183,13 +183,8 @@ def e2e() -> float:
             for r in range(E2E_ROUNDS):
                 workload = [it for it in demo_workload(seed=r, **(shapes if QUICK else {}))
                             if it.phase in SHARED_PHASES]  # fmt: skip
-                got = _run(model, profile, workload)
-                if merged is None:
-                    merged = got
-                else:
-                    merged.items += got.items
-                    for m, outs in got.outcomes.items():
-                        merged.outcomes[m] += outs
+                got = run_workload(model, profile, workload)
+                merged = got if merged is None else merged.absorb(got)
     assert merged is not None
     ratio = merged.ratio("nexuskv", SHARED_PHASES, base="always")
     fell = sum(1 for o in merged.outcomes["nexuskv"] if o.plan and o.plan.reasons[0].startswith("fail-open"))
@@ -207,12 +202,6 @@ def e2e() -> float:
           f"{merged.mean_ttft('never', SHARED_PHASES):.1f} ms; NexusKV fell back {fell} times; both prefilled "
           f"the same tokens on {same} of {len(merged.items)} requests")  # fmt: skip
     return ratio
-
-
-def _run(model, profile, workload):  # type: ignore[no-untyped-def]
-    from nexuskv_transformers.demo import run_workload
-
-    return run_workload(model, profile, workload)
 
 
 def main() -> None:

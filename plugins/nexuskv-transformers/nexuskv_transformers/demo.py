@@ -53,6 +53,17 @@ class RunResult:
     argmax_equal: dict[str, bool] = field(factory=dict)
     failures: list[str] = field(factory=list)  # real safety failures the demo found (wrong state, wrong answers)
 
+    def absorb(self, other: RunResult) -> RunResult:
+        """This result with another run's requests added (the same strategies): outcomes, worst diffs, failures."""
+        self.items += other.items
+        for m, outs in other.outcomes.items():
+            self.outcomes[m] += outs
+        for m, diff in other.max_logit_diff.items():
+            self.max_logit_diff[m] = max(self.max_logit_diff[m], diff)
+            self.argmax_equal[m] &= other.argmax_equal[m]
+        self.failures += other.failures
+        return self
+
     def ttfts(self, mode: str, phases: Sequence[str]) -> list[float]:
         """TTFTs (ms) of one strategy over the requests of some phases."""
         return [o.ttft_s * 1e3 for it, o in zip(self.items, self.outcomes[mode], strict=True) if it.phase in phases]
