@@ -201,19 +201,12 @@ class ReadPath:
         req = Request(request_id="warm-up", tenant="nexuskv-warm-up", model=ModelIdentity(name="nexuskv-warm-up"),
                       tokenizer=TokenizerIdentity(name="nexuskv-warm-up"), token_ids=list(range(4 * page + 1)),
                       layout=Layout(groups=[StateGroup(kind="dense", layers=1)], page_size=page))  # fmt: skip
-        keys = self.keys.keys_for(req, None)
-        match = match_within(self.index, keys, req.layout, time.perf_counter() + 1.0, self._bounded_by)
         policies = self.policies
-        policy = policies.for_tenant(req.tenant) if policies is not None else None
-        shares = policies.shared_with(req.tenant) if policies is not None else ()
         for tenant in policies.tenants() if policies is not None else ():  # each tenant's per-reader caches
             policies.for_tenant(tenant)
             policies.shared_with(tenant)
-        args = self._args(req, "0" * 16, policies)
-        decision, _ = decide_with_shares(self._judging, req, match, policy, shares, args,
-                                         lambda owner, scope: None, None)  # fmt: skip
         budget_for(req, self.config, self.cost)
-        to_dict(self.seal.seal(decision.plan))
+        to_dict(self.seal.seal(self._unrecorded(req, time.perf_counter() + 1.0)))
 
     def _args(self, request: Request, decision_id: str, policies: Policies | None) -> dict[str, Any]:
         """What the decision step takes besides the request, the match and the policy."""
@@ -228,10 +221,17 @@ class ReadPath:
         What `LostGain` charges a fallback with: the plan it would have been, had it had the time (0 when that plan
         recomputes too).
         """
-        policies = self.policies
         cfg = self.config
         limit = min(cfg.max_deadline_ms, max(cfg.deadline_cap_ms, cfg.deadline_ms) * MAX_SLOWDOWN)
-        end = time.perf_counter() + limit / 1e3  # the most the budget rule could ever have given it
+        plan = self._unrecorded(request, time.perf_counter() + limit / 1e3)  # the most the rule could have given it
+        return plan.predicted.gain_ms if plan.action is PlanAction.MATERIALIZE else 0.0
+
+    def _unrecorded(self, request: Request, end: float) -> Plan:
+        """A plan of `request` by every stage `plan` runs, bounded by `end`, that nothing records, counts or acts on.
+
+        The warm-up's and a fallback's hindsight; breakers are only peeked (`Planner.judging`).
+        """
+        policies = self.policies
         keys = self.keys.keys(request, end)
         match = match_within(self.index, keys, request.layout, end, self._bounded_by)
         policy = policies.for_tenant(request.tenant) if policies is not None else None
@@ -239,8 +239,7 @@ class ReadPath:
         lookup = functools.partial(self.keys.shared_match, self.index, request, end, self._bounded_by, None)
         decision, _ = decide_with_shares(self._judging, request, match, policy, shares,
                                          self._args(request, "0" * 16, policies), lookup, end)  # fmt: skip
-        plan = decision.plan
-        return plan.predicted.gain_ms if plan.action is PlanAction.MATERIALIZE else 0.0
+        return decision.plan
 
     def capture(self, tenant: str) -> bool:
         """Whether plans of `tenant` keep their inputs (shadow evaluation runs, or its records carry them)."""
