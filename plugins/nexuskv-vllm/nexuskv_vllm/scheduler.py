@@ -12,16 +12,21 @@ off them.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from attrs import define, evolve, field
 
-from nexuskv import ExtraInput, Kernel, KeyChain, Plan, PlanAction, Request, get_logger
+from nexuskv import ExtraInput, Kernel, KeyChain, Location, Plan, PlanAction, Request, get_logger
+from nexuskv_vllm.events import Events
+from nexuskv_vllm.hybrid import KVGroup, window_blocks
 from nexuskv_vllm.identity import EngineIdentity, adapter_identity, request_scope
-from nexuskv_vllm.metadata import LoadSpec, NexusKVMetadata, SaveSpec
+from nexuskv_vllm.metadata import LoadSpec, NexusKVMetadata, NexusKVWorkerMeta, SaveSpec
 
 __all__ = ["SchedulerSide"]
+
+RANKS_PENDING = 1 << 20  # blocks whose holding ranks the scheduler remembers (mp executor)
 
 log = get_logger(__name__)
 
@@ -47,7 +52,9 @@ class _Track:
 class SchedulerSide:
     """Per-engine scheduler state; every method is safe to call from any thread."""
 
-    def __init__(self, kernel: Kernel, engine: EngineIdentity, *, default_tenant: str | None = None) -> None:
+    def __init__(self, kernel: Kernel, engine: EngineIdentity, *, default_tenant: str | None = None,
+                 load_async: bool = False, shares_worker_kernel: bool = True, events: Events | None = None,
+                 groups: tuple[KVGroup, ...] | None = None) -> None:  # fmt: skip
         if kernel.keyer.page_size != engine.layout.page_size:
             raise ValueError(f"the kernel's page_size is {kernel.keyer.page_size} but vLLM's block size is "
                              f"{engine.layout.page_size}: set page_size = {engine.layout.page_size} in the "
@@ -61,7 +68,17 @@ class SchedulerSide:
         self._plans: dict[str, tuple[list[bytes], Plan, int]] = {}  # req -> plan of the last query
         self._loads: dict[str, LoadSpec] = {}  # allocated, not yet sent to the worker
         self._live: dict[str, Any] = {}  # req -> vLLM Request (its token list grows as it decodes)
-        self._blocks: dict[str, list[int]] = {}  # req -> its vLLM block ids
+        self._blocks: dict[str, list[list[int]]] = {}  # req -> its vLLM block ids, per KV cache group
+        self._next_save: dict[str, int] = {}  # req -> first token not yet saved (a step may lack its tokens)
+        self._failed: set[str] = set()  # requests whose load failed whole: never planned again (no retry loop)
+        self.groups = groups  # several KV cache groups (vLLM's hybrid manager), or None
+        # with several groups vLLM takes load failures per request only (`failed_recving`): asynchronous loads
+        self.load_async = load_async or groups is not None
+        self.shares_worker_kernel = shares_worker_kernel  # False: workers have kernels of their own (`mp`)
+        self.events = events
+        self._ranks: OrderedDict[bytes, int] = OrderedDict()  # key -> bit mask of the ranks holding it, so far
+        self.stats = {"plans": 0, "plans_reuse": 0, "plan_fallbacks": 0, "tokens_planned": 0}
+        self.stats_since: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------------ identity
     def request(self, req: Any, tokens: Sequence[int]) -> Request | None:
@@ -104,7 +121,7 @@ class SchedulerSide:
             self._live[rid] = req
             cached = self._plans.get(rid)
         track = self._track(req)
-        if track is None:
+        if track is None or rid in self._failed:
             return 0
         if cached is None:
             prompt = track.request.token_ids
@@ -112,6 +129,7 @@ class SchedulerSide:
             if not keys:
                 return 0
             cached = (keys, self.kernel.plan(track.request, keys=keys), 0)
+            self._count(cached[1])
         keys, plan, _ = cached
         with self._lock:
             self._plans[rid] = (keys, plan, num_computed_tokens)
@@ -119,8 +137,8 @@ class SchedulerSide:
             return 0
         return max(0, plan.tokens_reused - num_computed_tokens)
 
-    def allocated(self, req: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
-        """vLLM allocated the request's blocks; remember which of them the worker fills from NexusKV."""
+    def allocated(self, req: Any, block_ids: Sequence[Sequence[int]], num_external_tokens: int) -> None:
+        """vLLM allocated the request's blocks (one list per KV cache group); remember which to fill from NexusKV."""
         rid = str(req.request_id)
         with self._lock:
             self._live[rid] = req
@@ -131,7 +149,9 @@ class SchedulerSide:
             keys, plan, local = got
             first = local // self.block
             count = num_external_tokens // self.block
-            self._loads[rid] = LoadSpec(rid, track.request, keys, plan, first, list(block_ids[first:first + count]))
+            self._loads[rid] = LoadSpec(rid, track.request, keys, plan, first, list(block_ids[0][first:first + count]),
+                                        asynchronous=self.load_async,
+                                        group_ids=self._load_ids(block_ids, first, first + count))  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ one step
 
@@ -141,40 +161,154 @@ class SchedulerSide:
             loads, self._loads = list(self._loads.values()), {}
             todo: list[tuple[str, int, int]] = []
             for new in out.scheduled_new_reqs:
-                self._blocks[new.req_id] = list(new.block_ids[0])
+                self._blocks[new.req_id] = [list(g) for g in new.block_ids]
                 todo.append((new.req_id, new.num_computed_tokens, out.num_scheduled_tokens.get(new.req_id, 0)))
             cached = out.scheduled_cached_reqs
             for i, rid in enumerate(cached.req_ids):
                 new_ids = cached.new_block_ids[i]
                 if new_ids is not None:
                     if rid in cached.resumed_req_ids:
-                        self._blocks[rid] = list(new_ids[0])
+                        self._blocks[rid] = [list(g) for g in new_ids]
                     else:
-                        self._blocks.setdefault(rid, []).extend(new_ids[0])
+                        held = self._blocks.setdefault(rid, [[] for _ in new_ids])
+                        for mine, more in zip(held, new_ids, strict=True):
+                            mine.extend(more)
                 todo.append((rid, cached.num_computed_tokens[i], out.num_scheduled_tokens.get(rid, 0)))
-            jobs = [(rid, before, before + n, self._live.get(rid), list(self._blocks.get(rid, ())))
+            jobs = [(rid, before, before + n, self._live.get(rid), [list(g) for g in self._blocks.get(rid, [[]])])
                     for rid, before, n in todo]  # fmt: skip
         saves = [s for s in (self._save(*job) for job in jobs) if s is not None]
-        return NexusKVMetadata(loads=loads, saves=saves)
+        return NexusKVMetadata(loads=loads, saves=saves, preempted=sorted(out.preempted_req_ids or ()))
 
-    def _save(self, rid: str, before: int, after: int, req: Any, block_ids: list[int]) -> SaveSpec | None:
+    def _save(self, rid: str, before: int, after: int, req: Any, groups: list[list[int]]) -> SaveSpec | None:
         """The blocks completed between `before` and `after` computed tokens, if any and if the request has a tenant."""
-        first, end = before // self.block, after // self.block
-        if req is None or end <= first or end > len(block_ids):
+        if req is None:
+            return None
+        with self._lock:
+            start = min(before, self._next_save.get(rid, before))
+        # with async scheduling a step's last tokens are placeholders when the next step is planned: save what
+        # the request's token list holds now, and the rest in a later step
+        first, end = start // self.block, min(after, len(req.all_token_ids)) // self.block
+        block_ids = groups[0]
+        if end <= first or end > len(block_ids):
             return None
         tokens = list(req.all_token_ids[: end * self.block])
         track = self._track(req)
         if len(tokens) < end * self.block or track is None:
             return None
+        with self._lock:
+            if rid in self._live:
+                self._next_save[rid] = end * self.block
         keys = track.keys(tokens, end)
         todo = [b for b in range(first, end) if self.kernel.index.get(keys[b]) is None]  # held: not again
         if not todo:
             return None
-        return SaveSpec(rid, evolve(track.request, token_ids=tuple(tokens)), keys, todo, [block_ids[b] for b in todo])
+        if self.events is not None:
+            self.events.saving(keys, todo, tokens, self.block, track.request)
+        group_ids = None
+        if self.groups is not None:
+            group_ids = [self._save_ids(groups, b) for b in todo]
+            todo = [b for b, ids in zip(todo, group_ids, strict=True) if ids is not None]
+            group_ids = [ids for ids in group_ids if ids is not None]
+            if not todo:
+                return None
+        return SaveSpec(rid, evolve(track.request, token_ids=tuple(tokens)), keys, todo, [block_ids[b] for b in todo],
+                        group_ids=group_ids)  # fmt: skip
 
-    def finished(self, req: Any) -> None:
-        """The request is done: forget it (its blocks were saved as they filled)."""
+    # ------------------------------------------------------------------------------------------ hybrid models
+
+    def _window(self, ids: Sequence[int], end: int, group: KVGroup) -> list[int] | None:
+        """vLLM ids of a windowed group's blocks before block `end` that its state there needs (None: one is gone)."""
+        got = list(ids[max(0, end - window_blocks(group.window, self.block)):end])
+        return got if got and 0 not in got else None
+
+    def _save_ids(self, groups: list[list[int]], b: int) -> list[list[int]] | None:
+        """Per KV cache group, the vLLM ids whose data make block b's payload of that group (None: not savable)."""
+        out: list[list[int]] = []
+        for g, group in enumerate(self.groups or ()):
+            if b >= len(groups[g]):
+                return None
+            ids = [groups[g][b]] if group.kind == "dense" else self._window(groups[g], b + 1, group)
+            if ids is None or 0 in ids:
+                return None
+            out.append(ids)
+        return out
+
+    def _load_ids(self, block_ids: Sequence[Sequence[int]], first: int, end: int) -> list[list[int]] | None:
+        """Per group, the vLLM ids a hybrid load fills: dense groups [first, end), windowed groups the state at end."""
+        if self.groups is None:
+            return None
+        out: list[list[int]] = []
+        for g, group in enumerate(self.groups):
+            ids = list(block_ids[g][first:end]) if group.kind == "dense" else self._window(block_ids[g], end, group)
+            out.append(ids or [])
+        return out
+
+    def finished(self, req: Any) -> bool:
+        """The request is done: forget it. Always False: vLLM may free its blocks at once.
+
+        Its saves never outlive the step that completed each block. A request aborted while its asynchronous load
+        runs is vLLM's to hold: it keeps the blocks of a request in `WAITING_FOR_REMOTE_KVS` until the workers
+        report it in `finished_recving`, which they do once its load can no longer write (`Loader.release`).
+        """
         rid = str(req.request_id)
         with self._lock:
-            for table in (self._tracks, self._plans, self._loads, self._live, self._blocks):
+            for table in (self._tracks, self._plans, self._loads, self._live, self._blocks, self._next_save):
                 table.pop(rid, None)
+            self._failed.discard(rid)
+        return False
+
+    def load_failed(self, req_ids: set[str]) -> None:
+        """These requests' loads failed whole (vLLM recomputes them from token 0): do not plan them again."""
+        with self._lock:
+            self._failed |= {rid for rid in req_ids if rid in self._live}
+
+    # ------------------------------------------------------------------------------------------ reports
+
+    def reported(self, meta: Any) -> None:
+        """The workers' report of one step (aggregated over ranks): index what all of them hold, drop what one lost.
+
+        With the `uni` executor the worker commits into this very kernel, whose index is already exact; with `mp`
+        each rank has its own kernel, and this index learns from the reports alone.
+        """
+        if not isinstance(meta, NexusKVWorkerMeta):
+            return
+        every = (1 << self.engine.layout.tp_size) - 1
+        complete: dict[bytes, tuple[str, str, int, int]] = {}
+        gone: set[bytes] = set()
+        with self._lock:
+            for key, (tier, node, epoch, ranks, groups) in meta.stored.items():
+                held = self._ranks.pop(key, 0) | ranks
+                self._ranks[key] = held  # to the back: the oldest are forgotten first
+                if held == every:
+                    complete[key] = (tier, node, epoch, groups)
+            for key, ranks in meta.removed.items():
+                if key in self._ranks:
+                    self._ranks[key] &= ~ranks
+                gone.add(key)
+            while len(self._ranks) > RANKS_PENDING:  # bounded: the oldest keys' rank masks are forgotten
+                self._ranks.popitem(last=False)
+        if not self.shares_worker_kernel:
+            index = self.kernel.index
+            for key in gone:
+                index.remove(key)
+            for key, (tier, node, epoch, groups) in complete.items():
+                index.insert(key, Location(tier, node, epoch), groups)
+        if self.events is not None:
+            self.events.reported({k: v[:3] for k, v in complete.items()}, gone)
+
+    def _count(self, plan: Plan) -> None:
+        with self._lock:
+            self.stats["plans"] += 1
+            if plan.action == PlanAction.MATERIALIZE:
+                self.stats["plans_reuse"] += 1
+                self.stats["tokens_planned"] += plan.tokens_reused
+            elif plan.reasons and plan.reasons[0].startswith("fail-open:"):
+                self.stats["plan_fallbacks"] += 1
+
+    def take_stats(self) -> dict[str, int]:
+        """Counters since the last call."""
+        with self._lock:
+            now = dict(self.stats)
+        delta = {k: v - self.stats_since.get(k, 0) for k, v in now.items()}
+        self.stats_since = now
+        return {k: v for k, v in delta.items() if v}

@@ -44,11 +44,11 @@ def reference(workdir, model_dir, loras) -> dict:
 
 def _run(engine, name: str, **kw) -> tuple[list[int], int, int]:
     """(output ids, blocks loaded, blocks that failed to load) of one request."""
-    stats = engine.connector.worker.stats
-    loaded, failed = stats["blocks_loaded"], stats["blocks_failed"]
+    before = engine.connector.worker.stats
     out = engine.generate(CASES[name], tenant=kw.pop("tenant", "t1"), **kw)
     assert engine.connector.worker.kernel.flush(30)  # what this request saved is on disk before the next one
-    return out, stats["blocks_loaded"] - loaded, stats["blocks_failed"] - failed
+    after = engine.connector.worker.stats
+    return out, after["blocks_loaded"] - before["blocks_loaded"], after["blocks_failed"] - before["blocks_failed"]
 
 
 def _disk_files(engine, name: str, blocks: range) -> list[str]:

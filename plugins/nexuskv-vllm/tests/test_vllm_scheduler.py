@@ -42,7 +42,7 @@ def test_plans_and_keys_from_many_threads_equal_a_single_threaded_reference(side
         got[rid] = side.matched(req, 0)
         req.append_output_token_ids(prompt(2 * BLOCK, 70 + i))  # decode two more blocks
         end = len(req.all_token_ids) // BLOCK
-        spec = side._save(rid, 0, end * BLOCK, req, list(range(100 * i, 100 * i + end)))
+        spec = side._save(rid, 0, end * BLOCK, req, [list(range(100 * i, 100 * i + end))])
         if tenant is None:
             keys_ok.append(spec is None)  # no tenant: nothing is saved
         else:
@@ -63,7 +63,7 @@ def test_a_requests_keys_grow_with_its_decode_and_are_hashed_once(side):
     for step in range(3):
         req.append_output_token_ids(prompt(BLOCK, 90 + step))
         end = len(req.all_token_ids) // BLOCK
-        spec = side._save("grow", (end - 1) * BLOCK, end * BLOCK, req, list(range(end)))
+        spec = side._save("grow", (end - 1) * BLOCK, end * BLOCK, req, [list(range(end))])
         assert spec.keys == _reference_keys(side, req, list(req.all_token_ids[: end * BLOCK]))[:end]
         assert chain.keys is keys and chain.tokens == end * BLOCK and side._tracks["grow"].chain is chain
     side.finished(req)
