@@ -41,7 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import quick, requires
 
 RESULTS = ("vllm.shared_nexuskv_over_alone", "vllm.unique_nexuskv_over_alone",
-           "vllm.shared_nexuskv_over_example_connector", "vllm.slowtier_nexuskv_over_alone")  # fmt: skip
+           "vllm.shared_nexuskv_over_example_connector", "vllm.slowtier_nexuskv_over_alone",
+           "vllm.tp2_shared_nexuskv_over_alone", "vllm.async_shared_nexuskv_over_alone",
+           "vllm.serve_mean_ttft_nexuskv_over_alone", "vllm.serve_throughput_nexuskv_over_alone")  # fmt: skip
+TP2_MODES = ("alone-tp2", "nexuskv-tp2")  # the `mp` executor, a worker process per rank
 VENV = ".venv-vllm"  # the interpreter it runs in (vLLM pins its own transformers): `make vllm-setup` builds it
 RESULT_PREFIX = "@@ "
 MODEL = quick({"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 2, "intermediate": 1536},
@@ -76,22 +79,29 @@ def serve(mode: str, model: str, config: str | None, storage: str | None) -> Non
     kv = None
     if mode == "example":
         kv = example_connector_config(storage)
+    elif mode == "nexuskv-async":
+        kv = connector_config(config, tenant="default", load_async=True)
+    elif mode == "nexuskv-tp2":  # a step that saved waits (at most 50 ms, inside its TTFT) until its blocks are placed
+        kv = connector_config(config, tenant="default", report_wait_ms=50.0)
     elif mode.startswith("nexuskv"):
         kv = connector_config(config, tenant="default")
-    engine = Engine(model, kv_transfer_config=kv, max_model_len=4096, kv_cache_gib=2)
+    tp2 = mode in TP2_MODES
+    engine = Engine(model, kv_transfer_config=kv, max_model_len=4096, kv_cache_gib=2, log_stats=tp2,
+                    executor="mp" if tp2 else "uni", tensor_parallel_size=2 if tp2 else 1)  # fmt: skip
     print(RESULT_PREFIX + json.dumps({"ready": mode}), flush=True)
     conn = engine.connector
-    kernel = getattr(conn, "kernel", None)  # NexusKV's; the other ways have none
+    kernel = getattr(conn, "kernel", None)  # NexusKV's in this process (uni); the other ways have none
+    counters = (lambda: _prom_counters(engine)) if tp2 else (lambda: _counters(conn))
     for line in sys.stdin:
         req = json.loads(line)
-        before = _counters(conn)
-        engine.llm.reset_prefix_cache()
+        before = counters()
+        engine.reset()  # raises rather than let vLLM's own cache serve what should come through a connector
         t0 = time.perf_counter()
         engine.generate(req["tokens"], tenant=req["tenant"], max_tokens=1, reset=False)
         ttft = time.perf_counter() - t0
         if kernel is not None:
             kernel.flush(30)  # outside the timing: the next request sees this one's state
-        after = _counters(conn)
+        after = counters()
         print(RESULT_PREFIX + json.dumps({"ttft_s": ttft, **{k: after[k] - before[k] for k in after}}), flush=True)
 
 
@@ -103,13 +113,20 @@ def _counters(conn: object) -> dict[str, int]:
     return {**worker.stats, "plan_fallbacks": conn.kernel.reads.deadline_fallbacks}  # type: ignore[attr-defined]
 
 
+def _prom_counters(engine: object) -> dict[str, int]:
+    """The connector's counters from vLLM's registry (the workers are other processes), as `_counters` names them."""
+    got = engine.counters()  # type: ignore[attr-defined]
+    return {k: int(got.get(k, 0)) for k in ("blocks_loaded", "blocks_failed", "blocks_saved", "plan_fallbacks")}
+
+
 # ------------------------------------------------------------------------------------------ driver side
 
 
 class Server:
     """A `--serve` process."""
 
-    def __init__(self, mode: str, model: Path, config: Path | None = None, storage: Path | None = None) -> None:
+    def __init__(self, mode: str, model: Path, config: Path | None = None, storage: Path | None = None,
+                 wait: bool = True) -> None:  # fmt: skip
         cmd = [sys.executable, __file__, "--serve", mode, "--model", str(model)]
         cmd += ["--config", str(config)] if config else []
         cmd += ["--storage", str(storage)] if storage else []
@@ -119,7 +136,16 @@ class Server:
         self.mode = mode
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=env)  # fmt: skip
-        self.read()
+        if wait:
+            self.read()
+
+    @classmethod
+    def start(cls, *specs: tuple) -> list[Server]:
+        """Start several servers at once (before a timed phase: their start-ups overlap), return them ready."""
+        servers = [cls(*spec, wait=False) for spec in specs]
+        for s in servers:
+            s.read()
+        return servers
 
     def read(self) -> dict:
         for line in self.proc.stdout:
@@ -222,12 +248,13 @@ def summary(name: str, got: dict[str, list[dict]]) -> dict[str, float]:
     return totals
 
 
-def main() -> None:
+def main(args: argparse.Namespace) -> None:
     requires(importlib.util.find_spec("vllm") and importlib.util.find_spec("nexuskv_vllm"),
              f"vLLM and nexuskv-vllm are not installed in {sys.executable}: this bench runs in {VENV} "
              f"(`make vllm-setup`, then `{VENV}/bin/python bench/vllm_ttft.py`)")  # fmt: skip
     from nexuskv_vllm.testing import write_tiny_llama
 
+    import _vllm_served
     from _common import result
 
     with tempfile.TemporaryDirectory(prefix="nexuskv-vllm-bench-") as tmp:
@@ -238,21 +265,43 @@ def main() -> None:
         fit = calibrate(alone, profile)
         print(f"prefill fit: base {fit['base_ms']:.2f} ms + {fit['per_token_ms']:.4f} ms/token "
               f"+ {fit['per_token_sq_ms']:.3g} ms/token^2")  # fmt: skip
-        example = Server("example", model, storage=root / "example-store")
-        nexus = Server("nexuskv", model, config=kernel_toml(root, "nexuskv", profile, "dram"))
+        example, nexus = Server.start(("example", model, None, root / "example-store"),
+                                      ("nexuskv", model, kernel_toml(root, "nexuskv", profile, "dram")))
         work = workloads()
         shared = summary("shared", run([alone, example, nexus], work["shared"]))
         unique = summary("unique", run([alone, nexus], work["unique"]))
         nexus.close()
         example.close()
-        slow = Server("nexuskv-slowtier", model, config=kernel_toml(root, "slow", profile, "remote"))
+        slow, nexus_async = Server.start(("nexuskv-slowtier", model, kernel_toml(root, "slow", profile, "remote")),
+                                         ("nexuskv-async", model, kernel_toml(root, "async", profile, "dram")))
         slowtier = summary("slowtier", run([alone, slow], work["shared"]))
         slow.close()
+        asynchronous = summary("async", run([alone, nexus_async], work["shared"]))
+        nexus_async.close()
         alone.close()
+        alone_tp2, nexus_tp2 = Server.start(("alone-tp2", model), ("nexuskv-tp2", model,
+                                                                   kernel_toml(root, "tp2", profile, "dram")))
+        tp2 = summary("tp2", run([alone_tp2, nexus_tp2], work["shared"]))
+        nexus_tp2.close()
+        alone_tp2.close()
+        trace = Path(args.trace) if args.trace else _vllm_served.TRACE
+        print(f"served: {_vllm_served.SESSIONS} sessions from {trace if trace.is_file() else 'the generator'}, "
+              f"{_vllm_served.CLIENTS} clients, {_vllm_served.GPU_BLOCKS} vLLM blocks")  # fmt: skip
+        serving = _vllm_served.served(model, root, kernel_toml(root, "served", profile, "dram"), trace)
     result("vllm.shared_nexuskv_over_alone", shared["nexuskv"] / shared["alone"], "<=", 0.6)
     result("vllm.unique_nexuskv_over_alone", unique["nexuskv"] / unique["alone"], "<=", 1.05)
     result("vllm.shared_nexuskv_over_example_connector", shared["nexuskv"] / shared["example"], "<=", 1.0)
     result("vllm.slowtier_nexuskv_over_alone", slowtier["nexuskv-slowtier"] / slowtier["alone"], "<=", 1.05)
+    result("vllm.tp2_shared_nexuskv_over_alone", tp2["nexuskv-tp2"] / tp2["alone-tp2"], "<=", 0.6)
+    result("vllm.async_shared_nexuskv_over_alone", asynchronous["nexuskv-async"] / asynchronous["alone"], "<=", 0.6)
+    a, n = serving["alone"], serving["nexuskv"]
+    failed = a["errors"] or n["errors"] or not a["requests"] or not n["requests"]
+    if failed:  # a server that failed requests has no figure: the goals are missed, never met by omission
+        print(f"served: errors alone {a['errors']:.0f}, nexuskv {n['errors']:.0f}: no served figure")
+    ttft = (n["ttft_sum_s"] / max(1, n["requests"])) / max(1e-9, a["ttft_sum_s"] / max(1, a["requests"]))
+    rate = (n["requests"] / n["wall_s"]) / max(1e-9, a["requests"] / a["wall_s"])
+    result("vllm.serve_mean_ttft_nexuskv_over_alone", float("inf") if failed else ttft, "<=", 0.7)
+    result("vllm.serve_throughput_nexuskv_over_alone", 0.0 if failed else rate, ">=", 1.0)
 
 
 if __name__ == "__main__":
@@ -261,8 +310,9 @@ if __name__ == "__main__":
     parser.add_argument("--model")
     parser.add_argument("--config")
     parser.add_argument("--storage")
+    parser.add_argument("--trace", help="a Mooncake-format trace for the served load (default: ../shared/traces/...)")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.model, args.config, args.storage)
     else:
-        main()
+        main(args)
