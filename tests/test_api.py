@@ -25,6 +25,7 @@ ADDED = {
     "PolicyError", "Rollout", "default_profile", "load_profile", "to_plan",
     "StateSeal",  # issue 29: the keyed MAC of stored state (benches measure it; a tier's tests seal with it)
     "store_name", "slot_named",  # issue 29: names in shared stores are keyed hashes (every naming tier uses them)
+    "RESIDENT_TIER",  # issue 31: the engine's own cache as an index location (the KV-event subscriber feeds it)
 }  # fmt: skip
 
 

@@ -54,6 +54,7 @@ from nexuskv.logs import bind_request, configure_logging, get_logger
 from nexuskv.paths.route import NodeState, RouteDecision, RouteOption
 from nexuskv.planning.cost import CostModel, default_profile, load_profile
 from nexuskv.planning.decision import to_plan
+from nexuskv.planning.planner import RESIDENT_TIER
 from nexuskv.plugins.hookspecs import hookimpl
 from nexuskv.plugins.interfaces import (
     ControlPlane,
@@ -138,6 +139,7 @@ __all__ = [
     "PolicyError",
     "Predicted",
     "PrefillCost",
+    "RESIDENT_TIER",
     "Request",
     "Rollout",
     "RouteDecision",

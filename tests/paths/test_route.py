@@ -374,3 +374,40 @@ def test_failing_open_over_thousands_of_nodes_is_bounded_and_never_picks_an_unju
         d = k.route(req, nodes, deadline_ms=0.0)
         assert d.fail_open and len(judged) < len(nodes)  # stopped at the grace budget, not after every node
         assert d.node is None and "route rules excluded every node" in d.reasons[0]  # eu-idle, last, was not judged
+
+
+def test_engine_resident_blocks_count_for_their_node_only_at_no_transfer_and_no_mount():
+    """A node's engine cache (RESIDENT_TIER, fed from its KV events) prices its own routes; never a peer's or a plan."""
+    from nexuskv import RESIDENT_TIER
+
+    req = make_request(range(16 * 40))
+    with make_kernel() as k:
+        hold(k, req, "b", RESIDENT_TIER, 30)  # b's engine holds 30 blocks on its GPU
+        hold(k, req, "b", "dram", 40)  # and NexusKV's dram on b the whole prompt
+        d = k.route(req, [NodeState("a"), NodeState("b")])
+        b = d.option("b")
+        assert d.node == "b" and b.reuse_tokens == 640
+        assert b.spans == ((0, 30, RESIDENT_TIER, "b"), (30, 40, "dram", "b"))
+        nbytes = k.cost.bytes_per_token * 16 * 10  # only the 10 dram blocks move and are mounted
+        want = (k.cost.prefill_ms(640, 640) + k.cost.lookup_ms() + k.cost.transfer_ms(nbytes, "dram")
+                + k.cost.mount_ms(10))  # fmt: skip
+        assert b.predicted_ttft_ms == pytest.approx(want)
+        assert b.predicted_ttft_ms < expected_ms(k, req, NodeState("b"), 40, "dram")
+        assert d.option("a").reuse_tokens == 0  # b's GPU is no source for a: nothing fetches engine blocks
+        hold(k, req, "a", RESIDENT_TIER, 40)  # this kernel's own node's engine holds it all
+        assert d.option("a").reuse_tokens == 0 and k.route(req, [NodeState("a")]).options[0].reuse_tokens == 640
+        plan = k.plan(req)  # a plan loads state: the engine's cache is never one of its sources
+        assert plan.action.value == "recompute" and not plan.spans
+
+
+def test_a_node_holding_only_engine_resident_blocks_wins_and_the_reason_names_them():
+    from nexuskv import RESIDENT_TIER
+
+    req = make_request(range(16 * 40))
+    with make_kernel() as k:
+        hold(k, req, "c", RESIDENT_TIER, 40)
+        d = k.route(req, [NodeState("a"), NodeState("c")])
+        c = d.option("c")
+        assert d.node == "c" and c.sources == (f"{RESIDENT_TIER}@c",) and not c.prefetch
+        assert c.predicted_ttft_ms == pytest.approx(k.cost.prefill_ms(640, 640) + k.cost.lookup_ms())
+        assert f"reuse 640 tokens from {RESIDENT_TIER}@c" in d.reasons[0]

@@ -12,6 +12,9 @@ queue: `waiting_requests * base_ms + queued_prefill_tokens * per_token_ms + runn
 profile's prefill terms). The tenant's `route` rules then exclude nodes or weight their prediction; the lowest
 weighted prediction wins, ties to the shorter queue, then the node name: the same inputs give the same answer.
 
+A node's engine-resident blocks (index locations in `RESIDENT_TIER`, fed from the engine's own KV events, e.g.
+by `nexuskv-vllm-events`) count for that node only, at no transfer and no mount: the engine reuses them itself.
+
 Every stage runs inside the deadline: the keys, the match, each node's plan and the loop between the nodes; at most
 `MAX_NODES` candidates are priced. Anything failing on the way (a plugin, the deadline, a rule engine error) fails
 open to the least-loaded node the tenant's route rules allow (judged on the reported queue, as if the node
@@ -208,10 +211,11 @@ class Router:
             policies = reads.policies  # one revision for every node's plan
             policy = policies.for_tenant(request.tenant) if policies is not None else None
             stage = "pricing"
+            planner = reads.planner.routing()  # engine-resident blocks count for their own node
             options = []
             for ns in nodes:  # each node's plan is bounded inside, and the loop between them
                 check(end, "pricing")
-                options.append(self._price(request, match, policy, ns, end))
+                options.append(self._price(planner, request, match, policy, ns, end))
         except DeadlinePassed as exc:
             why = "" if deadline_ms is not None else f" (the budget: {rule.why})"
             return self._fail_open(request, nodes, f"deadline {format_ms(budget)} ms passed in {exc.stage}{why}",
@@ -249,10 +253,11 @@ class Router:
             log.exception("route rules failed while failing open", request_id=request.request_id)
             return None
 
-    def _price(self, request: Request, match: Any, policy: Any, ns: NodeState, end: float) -> RouteOption:
+    def _price(self, planner: Any, request: Request, match: Any, policy: Any, ns: NodeState,
+               end: float) -> RouteOption:  # fmt: skip
         """One node's option: the plan that node would make, its queue, and the route rules' verdict on it."""
         reads, cost = self._reads, self._cost
-        decision = decide(reads.planner, request, match, policy, node=ns.node, decision_id="route",
+        decision = decide(planner, request, match, policy, node=ns.node, decision_id="route",
                           epoch=self._membership.epoch, bandwidth_scale=reads.bandwidth_scale,
                           prefetch_target=reads.prefetch_target, deadline=end)  # fmt: skip
         chosen = decision.detail.chosen

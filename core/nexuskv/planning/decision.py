@@ -18,7 +18,7 @@ from nexuskv.contracts import Namespace, Plan, PlanAction, PlanSpan, Predicted, 
 from nexuskv.errors import DeadlinePassed
 from nexuskv.errors import check_deadline as check
 from nexuskv.planning.cost import CostModel
-from nexuskv.planning.planner import Candidate, Planner, best
+from nexuskv.planning.planner import RESIDENT_TIER, Candidate, Planner, best
 from nexuskv.policy.model import Candidate as MatchView  # the view reuse rules see as `match`
 from nexuskv.state.index import Match
 
@@ -219,7 +219,7 @@ def _prefetch(planner: Planner, longest: Candidate, chosen: Candidate | None, ta
     if not longest.blocks or (planner.remote_transport and
                               any(n != node and planner.peer(t, n, node) for _, _, t, n in longest.sources)):
         return ()  # fmt: skip
-    slow = tuple(r for r in longest.sources if r[2] != target)
+    slow = tuple(r for r in longest.sources if r[2] not in (target, RESIDENT_TIER))  # the engine's: held already
     if not slow:
         return ()
     block_bytes = planner.cost.bytes_per_token * page

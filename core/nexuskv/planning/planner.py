@@ -21,7 +21,14 @@ from nexuskv.planning.cost import CostModel, gain, peer_link
 from nexuskv.state.index import Holding, Match
 from nexuskv.state.restore_points import group_masks
 
-__all__ = ["Candidate", "Planner", "best"]
+__all__ = ["RESIDENT_TIER", "Candidate", "Planner", "best"]
+
+RESIDENT_TIER = "gpu"
+"""The engine's own KV cache (vLLM's prefix cache) as an index location, fed by the engine's KV events.
+
+Only a routing planner (`Planner.routing`) reads it, and only for the node that holds it: a hit there costs no
+transfer and no mount (the engine reuses its own blocks). Plans that load state never read it.
+"""
 
 _CHECK_EVERY = 256  # blocks between two deadline checks in the planner's Python loops
 
@@ -56,6 +63,12 @@ class Planner:
         twin.health = self.health.judging()  # type: ignore[assignment]
         return twin
 
+    def routing(self) -> Planner:
+        """This planner for pricing routes: it also counts a node's engine-resident blocks (`RESIDENT_TIER`)."""
+        twin = copy.copy(self)
+        twin.resident = True
+        return twin
+
     def __init__(self, cost: CostModel, health: Health, tier_order: Sequence[str], transport: str = "local",
                  remote_transport: str = "", shared_tiers: Sequence[str] = ()) -> None:  # fmt: skip
         """`remote_transport` reaches other nodes (without one, only state this node can read is planned).
@@ -70,6 +83,7 @@ class Planner:
         self.transport = transport
         self.remote_transport = remote_transport
         self.shared_tiers = frozenset(shared_tiers)
+        self.resident = False  # `routing()` twins count RESIDENT_TIER locations of the plan's own node
 
     def peer(self, tier: str, where: str, node: str) -> bool:
         """True when state in `tier` on node `where` must be fetched from that peer by a plan made for `node`."""
@@ -84,6 +98,10 @@ class Planner:
         best: tuple[int, int, str, str] | None = None
         for loc, mask in h.locations:
             if mask & need != need:
+                continue
+            if loc.tier == RESIDENT_TIER:  # the engine's own cache: free, but only to a route for that node
+                if self.resident and node and loc.node == node:
+                    return (-1, RESIDENT_TIER, node)
                 continue
             remote = 0 if (not node or loc.node == node) else 1
             if remote and loc.tier not in self.shared_tiers:  # a peer's: needs a transport to it, a healthy link
@@ -206,8 +224,11 @@ class Planner:
         per_tier: dict[str, int] = {}  # blocks read here, per tier
         per_peer: dict[tuple[str, str], int] = {}  # blocks fetched from a peer, per (tier, node)
         remote = self.remote_transport
+        resident = 0  # blocks the engine already holds: no transfer, no mount
         for first, end, tier, where in runs:
-            if remote and where != node and self.peer(tier, where, node):
+            if tier == RESIDENT_TIER:
+                resident += end - first
+            elif remote and where != node and self.peer(tier, where, node):
                 per_peer[(tier, where)] = per_peer.get((tier, where), 0) + (end - first)
             else:
                 per_tier[tier] = per_tier.get(tier, 0) + (end - first)
@@ -216,9 +237,10 @@ class Planner:
         for (tier, peer), n in sorted(per_peer.items()) if per_peer else ():
             transfer += self.cost.remote_ms(n * block_bytes, tier, peer, transport=remote, inflight=inflight,
                                             bandwidth_scale=scale)  # fmt: skip
-        terms = self.cost.terms(blocks * page, transfer, blocks)
+        terms = self.cost.terms(blocks * page, transfer, blocks - resident)
         tiers = [*per_tier, *(t for t, _ in per_peer)] if per_peer else per_tier
-        slowest = max(tiers, key=lambda t: self._rank.get(t, len(self._rank)), default="")
+        slowest = max(tiers, key=lambda t: self._rank.get(t, len(self._rank)), default=RESIDENT_TIER if resident
+                      else "")
         return Candidate(blocks, runs, terms.t_recompute_ms, terms.t_lookup_ms, terms.t_transfer_ms,
                          terms.t_mount_ms, slowest)  # fmt: skip
 
