@@ -411,3 +411,12 @@ def test_a_node_holding_only_engine_resident_blocks_wins_and_the_reason_names_th
         assert d.node == "c" and c.sources == (f"{RESIDENT_TIER}@c",) and not c.prefetch
         assert c.predicted_ttft_ms == pytest.approx(k.cost.prefill_ms(640, 640) + k.cost.lookup_ms())
         assert f"reuse 640 tokens from {RESIDENT_TIER}@c" in d.reasons[0]
+
+
+def test_a_tier_cannot_take_the_engine_caches_name():
+    """A NexusKV tier named like RESIDENT_TIER would be priced free in routes and never read by plans."""
+    from nexuskv import RESIDENT_TIER, ConfigError
+
+    cfg = KernelConfig(node="a", profile=PROFILE, tiers={RESIDENT_TIER: {"store": "dram", "capacity_bytes": "1MiB"}})
+    with pytest.raises(ConfigError, match=f"tiers.{RESIDENT_TIER}: the name {RESIDENT_TIER!r} is reserved"):
+        Kernel(cfg, secret=SECRET)

@@ -223,7 +223,8 @@ def _prefetch(planner: Planner, longest: Candidate, chosen: Candidate | None, ta
     if not slow:
         return ()
     block_bytes = planner.cost.bytes_per_token * page
-    moved = planner.cost.transfer_ms(longest.blocks * block_bytes, target)
+    held = sum(e - f for f, e, t, _ in longest.sources if t == RESIDENT_TIER)  # the engine's: nothing to move
+    moved = planner.cost.transfer_ms((longest.blocks - held) * block_bytes, target)
     gain_if_fast = planner.cost.recompute_ms(longest.blocks * page) - (
         longest.t_lookup_ms + moved + longest.t_mount_ms)
     have = chosen.gain_ms if chosen is not None else 0.0

@@ -14,6 +14,7 @@ from nexuskv.contracts.config import KernelConfig
 from nexuskv.errors import ConfigError
 from nexuskv.logs import get_logger
 from nexuskv.planning.cost import CostModel
+from nexuskv.planning.planner import RESIDENT_TIER
 from nexuskv.plugins.interfaces import TierStore, Transport
 from nexuskv.units import parse_bytes
 
@@ -24,6 +25,9 @@ log = get_logger("nexuskv.hierarchy")  # the component name operators filter on:
 
 def tier_options(name: str, raw: Mapping[str, Any], factories: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """`(store plugin name, options)` of tier `name` (sizes written like "4GiB" become bytes)."""
+    if name == RESIDENT_TIER:
+        raise ConfigError(f"tiers.{name}: the name {RESIDENT_TIER!r} is reserved for the engine's own cache "
+                          "(RESIDENT_TIER: routes price it, plans never read it); name the tier otherwise")
     opts = dict(raw)
     kind = opts.pop("store", name)
     if kind not in factories:

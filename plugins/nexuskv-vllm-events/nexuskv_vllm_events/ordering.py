@@ -33,6 +33,7 @@ class Ordering:
 
     def __init__(self) -> None:
         self.next: int | None = None  # the number expected next; None before the first batch
+        self.last: tuple[int, bytes] | None = None  # the last batch applied: its number and digest
         self._replayed: dict[int, bytes] = {}
 
     def classify(self, seq: int, payload: bytes) -> Position:
@@ -45,11 +46,17 @@ class Ordering:
             return Position.DUPLICATE
         return Position.RESTART
 
+    def continues(self, seq: int, payload: bytes) -> bool:
+        """True when batch `seq` with these bytes is the last one applied: the publisher's numbering goes on."""
+        return self.last == (seq, _digest(payload))
+
     def applied(self, seq: int, payload: bytes, *, replayed: bool = False) -> None:
         """Batch `seq` was applied; a replayed one is remembered so that its live copy is known as a duplicate."""
         self.next = seq + 1
+        digest = _digest(payload)
+        self.last = (seq, digest)
         if replayed:
-            self._replayed[seq] = _digest(payload)
+            self._replayed[seq] = digest
             while len(self._replayed) > MAX_REPLAYED:
                 del self._replayed[next(iter(self._replayed))]
         elif self._replayed:  # live batches arrive in order: nothing before this one comes again
@@ -58,4 +65,5 @@ class Ordering:
     def reset(self) -> None:
         """Start over (after a restart, or a gap nothing could fill)."""
         self.next = None
+        self.last = None
         self._replayed.clear()

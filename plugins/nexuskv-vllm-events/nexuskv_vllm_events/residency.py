@@ -7,7 +7,8 @@ and the hash of the block before them, so each block's NexusKV key is one chain 
 later block continues its parent's key. A block this cannot key exactly is not indexed, and counted:
 
 - `unattributed`: a salt no namespace is configured for, a LoRA adapter, multimodal or prompt-embedding extras
-  (their NexusKV keys mix inputs the event does not carry);
+  (their NexusKV keys mix inputs the event does not carry), another block size, or a shape that does not add up
+  (token ids not one block per hash: an offloading connector's placeholder);
 - `orphaned`: a parent this engine's stream never showed (the subscriber started late, or it was forgotten);
 - `other_medium` / `other_group`: blocks not in the engine's GPU cache (an offloading connector's, NexusKV's own
   tiers') or not in KV cache group 0 (hybrid models: group 0 is the full-attention group routes are priced on).
@@ -48,6 +49,9 @@ class EngineResidency:
         """
         if not node:
             raise ConfigError("EngineResidency: node must be the engine's node name")
+        if len(layout.groups) != 1 or layout.groups[0].kind not in ("dense", "latent"):
+            raise ConfigError("EngineResidency: one dense or latent state group only (hybrid and recurrent layouts: "
+                              f"KV cache groups beyond 0 are not followed), got {[g.kind for g in layout.groups]}")
         if layout.page_size != kernel.keyer.page_size:
             raise ConfigError(f"EngineResidency: layout page_size {layout.page_size} is not the kernel's "
                               f"{kernel.keyer.page_size}")  # fmt: skip
@@ -96,10 +100,11 @@ class EngineResidency:
     def _stored(self, event: BlockStored) -> None:
         page = self.page_size
         n = len(event.block_hashes)
-        if event.block_size != page or event.lora_name is not None:
-            self._counts["unattributed"] += n
-            return
         extras = event.extra_keys or [None] * n
+        if (event.block_size != page or event.lora_name is not None or len(event.token_ids) != n * page
+                or len(extras) != n):  # fmt: skip
+            self._counts["unattributed"] += n  # another block size, an adapter, or a shape this cannot key
+            return
         if event.parent_block_hash is None:
             salt = _salt(extras[0])
             parent = self._roots.get(salt) if salt is not None else None
@@ -117,14 +122,14 @@ class EngineResidency:
         usable = next((i for i in range(first, n) if extras[i]), n)  # later extras: mm or embeddings, not keyable
         self._counts["unattributed"] += n - usable
         keys = self._keyer.extend(parent, event.token_ids[: usable * page], offset=offset)
-        fresh = []
         for i, (vllm_hash, key) in enumerate(zip(event.block_hashes[:usable], keys, strict=True)):
             old = self._blocks.pop(vllm_hash, None)
             if old is None or not old[2]:
-                fresh.append(key)
                 self._held += 1
             self._blocks[vllm_hash] = (key, offset + (i + 1) * page, True)
-        self._index.insert_many(fresh, self.location)
+        # every key, held before or not: an index that dropped this node's locations (a cluster index resyncing
+        # a peer) gets them back with the next event that names them
+        self._index.insert_many(keys, self.location)
         self._counts["stored"] += usable
         while len(self._blocks) > self.max_blocks:
             _, (key, _, held) = self._blocks.popitem(last=False)

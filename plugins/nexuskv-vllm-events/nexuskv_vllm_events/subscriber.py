@@ -2,7 +2,8 @@
 
 vLLM's `ZmqEventPublisher` (`--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'`) sends
 `(topic, seq, payload)` on a PUB socket and answers replay requests on a ROUTER socket: send `("", start_seq)`,
-receive `("", seq, payload)` for every buffered batch from `start_seq`, then `("", -1, "")`. The subscriber:
+receive `("", topic, seq, payload)` for every buffered batch from `start_seq`, then `("", "", -1, "")` (vLLM
+before 0.32 left the topic out; both are read). The subscriber:
 
 - at start, asks the replay endpoint for everything buffered (the engine may have run before it), then follows
   the live stream;
@@ -23,6 +24,7 @@ plan's source).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -100,7 +102,11 @@ class KVEventSubscriber:
         return self
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop following, and forget what the engine holds (nothing keeps it current any more)."""
+        """Stop following, and forget what the engine holds (nothing keeps it current any more).
+
+        The thread stops between batches (a replay in progress too) and clears the residency as it ends; this
+        clears it as well, so nothing is claimed once `close` returns, even if the thread is slow to end.
+        """
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -114,10 +120,11 @@ class KVEventSubscriber:
         self.close()
 
     def stats(self) -> dict[str, Any]:
-        """The stream's counters, the residency's, and `next_seq` (the number expected next)."""
+        """The stream's counters, the residency's, `next_seq` (the number expected next) and `alive`."""
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
             out["next_seq"] = self._order.next
+            out["alive"] = self._thread is not None and self._thread.is_alive()
         return {**out, **self.residency.stats()}
 
     def _count(self, name: str, n: int = 1) -> None:
@@ -153,7 +160,7 @@ class KVEventSubscriber:
             return
         try:
             if self.replay_endpoint:
-                self._catch_up(0)  # what the engine published before this subscribed
+                self._resume()  # what the engine published before this subscribed
             self._ready.set()
             poller = _poller(sub, monitor)
             while not self._stop.is_set():
@@ -164,14 +171,13 @@ class KVEventSubscriber:
                     poller = _poller(sub, monitor)
                 elif sub in ready:
                     self._live(sub.recv_multipart(zmq.NOBLOCK))
-        except Exception:  # never dies silently: logged, and the engine's cache forgotten
-            log.exception("KV event subscriber failed", node=self.residency.node, endpoint=self.endpoint)
-            self.residency.clear()
+        except Exception as exc:  # a socket that cannot be opened again: logged, visible in stats()["alive"]
+            self._error = exc
+            log.exception("KV event subscriber stopped", node=self.residency.node, endpoint=self.endpoint)
         finally:
+            _close(sub, monitor)
+            self.residency.clear()  # nothing keeps it current any more
             self._ready.set()
-            sub.disable_monitor()
-            monitor.close(0)
-            sub.close(0)
 
     def _reconnect(self, sub: Any, monitor: Any) -> tuple[Any, Any]:
         """The connection dropped (an oversized message, the engine went away): whatever was in flight is unknown.
@@ -181,11 +187,9 @@ class KVEventSubscriber:
         """
         self._count("disconnects")
         log.warning("KV event stream disconnected", node=self.residency.node, endpoint=self.endpoint)
-        sub.disable_monitor()
-        monitor.close(0)
-        sub.close(0)
+        _close(sub, monitor)
         sub, monitor = self._open()
-        if self._order.next is not None and not self._catch_up(self._order.next):
+        if self._order.next is not None and not self._resume():
             self._lose("disconnected, and no replay says what was missed")
         return sub, monitor
 
@@ -201,43 +205,57 @@ class KVEventSubscriber:
         except WireError as exc:
             return self._malformed(str(exc))
         position = self._order.classify(seq, payload)
-        if position is Position.DUPLICATE:
-            return self._count("duplicates")
+        if position is Position.GAP:
+            self._count("gaps")
+            self._resume()
+            position = self._order.classify(seq, payload)
+            if position is Position.GAP:
+                self._lose(f"batches {self._order.next}..{seq - 1} could not be replayed")
+                position = Position.NEXT  # what comes after the gap is known again
         if position is Position.RESTART:
             self._count("restarts")
             log.info("engine restarted: its cache is forgotten", node=self.residency.node, seq=seq,
                      expected=self._order.next)  # fmt: skip
             self._forget()
-        elif position is Position.GAP:
-            self._count("gaps")
-            self._catch_up(self._order.next or 0)
+            self._resume()  # the new engine's batches before this one
             position = self._order.classify(seq, payload)
-            if position is Position.DUPLICATE:  # the replay brought it
-                return self._count("duplicates")
-            if position is Position.GAP:
-                self._lose(f"batches {self._order.next}..{seq - 1} could not be replayed")
-            elif position is Position.RESTART:  # the engine restarted while it was replaying
-                self._count("restarts")
-                self._forget()
-        self._apply(seq, payload)
+        if position is Position.DUPLICATE:  # the replay brought it
+            return self._count("duplicates")
+        if position is Position.NEXT:
+            self._apply(seq, payload)
 
     def _apply(self, seq: int, payload: bytes, *, replayed: bool = False) -> None:
         try:
-            batch = decode(payload)
+            self.residency.apply(decode(payload))
         except WireError as exc:
             self._malformed(f"batch {seq}: {exc}")
-            self._order.applied(seq, payload, replayed=replayed)  # its number is used: no gap to fill
-            return
-        self.residency.apply(batch)
-        self._order.applied(seq, payload, replayed=replayed)
-        self._count("applied")
+        except Exception as exc:  # whatever a batch holds, the subscriber goes on (the cache is forgotten)
+            log.exception("KV event batch failed", node=self.residency.node, seq=seq)
+            self._malformed(f"batch {seq}: {type(exc).__name__}: {exc}")
+        else:
+            self._count("applied")
+        self._order.applied(seq, payload, replayed=replayed)  # its number is used either way: no gap to fill
 
-    def _catch_up(self, start: int) -> bool:
-        """Apply the replay endpoint's batches from `start`; False when it did not answer (a gap stays a gap)."""
-        got = self._replay(start) if self.replay_endpoint else None
+    def _resume(self) -> bool:
+        """Catch up from the replay endpoint, proving that its numbering continues the batches applied so far.
+
+        The replay starts at the last batch applied. When the publisher no longer has it, or has other bytes under
+        its number (the engine restarted), continuity cannot be shown: the cache is forgotten and the publisher's
+        whole buffer replayed from 0. False when the replay endpoint does not answer (or there is none).
+        """
+        last = self._order.last
+        got = self._replay(last[0] if last else 0) if self.replay_endpoint else None
         if got is None:
             return False
+        if last is not None and not (got and self._order.continues(*got[0])):
+            self._lose(f"the replay does not continue batch {last[0]}")
+            self._order.reset()
+            got = self._replay(0)
+            if got is None:
+                return False
         for seq, payload in got:
+            if self._stop.is_set():
+                break
             expected = self._order.next
             if expected is not None and seq < expected:
                 continue
@@ -265,8 +283,12 @@ class KVEventSubscriber:
                 if left <= 0 or not sock.poll(left * 1000):
                     return self._replay_failed(f"no end of replay in {self.replay_timeout_s:g} s")
                 frames = sock.recv_multipart()
-                if len(frames) != 3 or frames[0] != b"":
+                if not 3 <= len(frames) <= 4 or frames[0] != b"":
                     return self._replay_failed(f"a replay message of {len(frames)} frames")
+                if len(frames) == 4:  # vLLM 0.32: ("", topic, seq, payload); the end marker's topic is empty
+                    topic, frames = frames[1], [b"", *frames[2:]]
+                    if topic not in (self.topic, b""):
+                        return self._replay_failed(f"a replayed batch on topic {topic[:64]!r}")
                 seq = seq_of(frames[1])
                 if seq == END_SEQ:
                     self._count("replayed", len(out))
@@ -309,3 +331,12 @@ def _poller(*sockets: Any) -> Any:
     for sock in sockets:
         poller.register(sock, zmq.POLLIN)
     return poller
+
+
+def _close(sub: Any, monitor: Any) -> None:
+    """Close a SUB socket and its monitor, whatever state they are in."""
+    import zmq
+
+    for step in (sub.disable_monitor, lambda: monitor.close(0), lambda: sub.close(0)):
+        with contextlib.suppress(zmq.ZMQError):
+            step()

@@ -1,8 +1,8 @@
 """A publisher speaking vLLM's KV event protocol, for tests that inject faults (gaps, restarts, forged frames).
 
 It encodes batches exactly as vLLM 0.32's `ZmqEventPublisher` does (the field order of vLLM's structs, tags by
-class name, the batch as an array; `plugins/nexuskv-vllm/tests/test_vllm_kv_events.py` checks the bytes against
-vLLM's own encoder) and serves vLLM's replay protocol from its buffer. A real `vllm serve` is tested there too.
+class name, the batch as an array; `plugins/nexuskv-vllm/tests/test_vllm_kv_events_wire.py` checks the bytes against
+vLLM's own encoder) and serves vLLM 0.32's replay frames from its buffer; `test_vllm_serve.py` follows a real server.
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ class Publisher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.replay_delay_s = 0.0  # a slow replay endpoint
+        # vLLM 0.32 replays (topic, seq, payload); older vLLM (seq, payload); bytes: replay under another topic
+        self.replay_topic: bool | bytes = True
         self._thread = None
         if replay_endpoint:
             router = self.ctx.socket(zmq.ROUTER)
@@ -132,9 +134,12 @@ class Publisher:
                 first = int.from_bytes(start, "big")
                 with self._lock:
                     batches = [(s, p) for s, p in self.buffer if s >= first]
-                for s, p in batches:
-                    router.send_multipart((client, b"", s.to_bytes(8, "big"), p))
-                router.send_multipart((client, b"", (-1).to_bytes(8, "big", signed=True), b""))
+                end = (-1).to_bytes(8, "big", signed=True)
+                for s, p in batches:  # vLLM 0.32's frames; before it, without the topic
+                    topic = (self.topic if self.replay_topic is True else self.replay_topic,) if self.replay_topic \
+                        else ()
+                    router.send_multipart((client, b"", *topic, s.to_bytes(8, "big"), p))
+                router.send_multipart((client, b"", *((b"",) if self.replay_topic else ()), end, b""))
         finally:
             router.close(0)
 

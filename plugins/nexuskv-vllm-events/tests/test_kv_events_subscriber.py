@@ -1,7 +1,7 @@
 """KVEventSubscriber over real ZMQ sockets: live batches, gaps replayed or lost, restarts, forged and oversized input.
 
 The publisher is `nexuskv_vllm_events.testing.Publisher` (vLLM's protocol, with faults injected); a real
-`vllm serve` is followed in plugins/nexuskv-vllm/tests/test_vllm_kv_events.py.
+`vllm serve` is followed in plugins/nexuskv-vllm/tests/test_vllm_serve.py.
 """
 
 from __future__ import annotations
@@ -79,9 +79,11 @@ def test_history_before_the_subscriber_started_comes_from_the_replay_endpoint(ip
             assert resident_tokens(k, request(TOKS)) == 3 * PAGE
 
 
-def test_a_gap_is_filled_from_the_replay_endpoint(ipc):
-    with router() as k, Publisher(ipc("pub"), ipc("replay")) as pub, \
-            KVEventSubscriber(residency(k), endpoint=ipc("pub"), replay_endpoint=ipc("replay")) as sub:
+@pytest.mark.parametrize("replay_topic", [True, False], ids=["vllm-0.32-frames", "older-frames"])
+def test_a_gap_is_filled_from_the_replay_endpoint(ipc, replay_topic):
+    with router() as k, Publisher(ipc("pub"), ipc("replay"), topic="e1") as pub, \
+            KVEventSubscriber(residency(k), endpoint=ipc("pub"), replay_endpoint=ipc("replay"), topic="e1") as sub:
+        pub.replay_topic = replay_topic
         connected(sub, pub)
         pub.publish([block(0)])
         pub.publish([block(1)], send=False)  # dropped at the PUB socket's high-water mark
@@ -106,6 +108,19 @@ def test_a_gap_nothing_can_fill_forgets_the_engines_cache(ipc):
         assert sub.stats()["lost"] == 1 and sub.stats()["gaps"] == 1
         assert resident_tokens(k, request(TOKS)) == 0  # not the stale 3 blocks
         assert resident_tokens(k, request(TOKS, tenant="b")) == PAGE  # what came after the gap counts
+
+
+def test_a_replay_of_another_topic_is_refused_and_the_gap_is_a_loss(ipc):
+    with router() as k, Publisher(ipc("pub"), ipc("replay"), topic="e1") as pub, \
+            KVEventSubscriber(residency(k), endpoint=ipc("pub"), replay_endpoint=ipc("replay"), topic="e1") as sub:
+        connected(sub, pub)
+        pub.publish([block(0)])
+        pub.replay_topic = b"e2"  # the replay endpoint answers with another engine's stream
+        pub.publish([block(1)], send=False)
+        pub.publish([block(2)])
+        assert settled(sub, pub)
+        assert sub.stats()["replay_failures"] >= 1 and sub.stats()["lost"] == 1
+        assert resident_tokens(k, request(TOKS)) == 0  # block 2's parent was forgotten with the rest
 
 
 def test_a_replay_that_no_longer_reaches_back_is_a_loss_too(ipc):
@@ -225,3 +240,61 @@ def test_a_subscriber_that_cannot_bind_says_so():
         taken = pub.pub.getsockopt_string(zmq.LAST_ENDPOINT)
         with pytest.raises(ConfigError, match="could not subscribe"):
             KVEventSubscriber(residency(k), endpoint=taken, bind=True).start()  # the address is taken
+
+
+def test_an_engine_that_restarted_while_the_connection_was_down_is_caught_by_the_replay(ipc):
+    """The numbering a restarted engine reached can pass the old one's: the replay proves continuity by bytes."""
+    with router() as k, Publisher(ipc("pub"), ipc("replay")) as pub, \
+            KVEventSubscriber(residency(k), endpoint=ipc("pub"), replay_endpoint=ipc("replay"),
+                              max_message_bytes=1 << 16) as sub:  # fmt: skip
+        connected(sub, pub)
+        for i in range(4):
+            pub.publish([block(i)])
+        assert settled(sub, pub) and resident_tokens(k, request(TOKS)) == 4 * PAGE
+        seen = pub.seq
+        pub.restart()  # the engine restarts and publishes more batches than the subscriber saw, unheard
+        for _ in range(seen):
+            pub.publish([], send=False)
+        pub.publish([stored([vhash("new")], None, TOKS[:PAGE], PAGE, salt="salt-b")], send=False)
+        oversized(pub, 1 << 20, buffered=encode_batch([]))  # the connection drops: the subscriber reopens it
+        assert until(lambda: sub.stats()["disconnects"] == 1) and settled(sub, pub)
+        assert sub.stats()["lost"] == 1  # the replay did not continue the batches it had applied
+        assert resident_tokens(k, request(TOKS)) == 0  # not the old engine's blocks
+        assert resident_tokens(k, request(TOKS, tenant="b")) == PAGE  # the new engine's, from its whole buffer
+
+
+def test_a_batch_the_residency_fails_on_forgets_the_cache_and_the_subscriber_goes_on(ipc):
+    with router() as k, Publisher(ipc("pub"), ipc("replay")) as pub:
+        res = residency(k)
+        real = res.apply
+        calls = {"n": 0}
+
+        def flaky(batch):  # a fault: the third batch fails inside the residency
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected")
+            real(batch)
+
+        res.apply = flaky
+        with KVEventSubscriber(res, endpoint=ipc("pub"), replay_endpoint=ipc("replay")) as sub:
+            connected(sub, pub)
+            for i in range(4):
+                pub.publish([block(i)])
+            assert settled(sub, pub)
+            s = sub.stats()
+            assert s["alive"] and s["malformed"] == 1
+            pub.publish([block(0)])
+            assert settled(sub, pub) and resident_tokens(k, request(TOKS)) == PAGE
+
+
+def test_nothing_is_claimed_once_close_returns_even_mid_replay(ipc):
+    with router() as k, Publisher(ipc("pub"), ipc("replay")) as pub:
+        for i in range(8):
+            pub.publish([block(i % 4)])
+        pub.replay_delay_s = 0.5
+        res = residency(k)
+        with pytest.raises(ConfigError):  # start gives up before the slow replay answers
+            KVEventSubscriber(res, endpoint=ipc("pub"), replay_endpoint=ipc("replay"),
+                              replay_timeout_s=5).start(timeout=0.1)  # fmt: skip
+        time.sleep(1.0)  # the replay answers after close returned: what it brings is not applied
+        assert resident_tokens(k, request(TOKS)) == 0 and res.stats()["held"] == 0

