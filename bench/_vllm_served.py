@@ -94,7 +94,7 @@ class ApiServer:
                             "NEXUSKV_LOG_LEVEL": "warning"}  # fmt: skip
         if kernel_toml is not None:
             keys = root / f"{name}-keys.toml"
-            keys.write_text(f'[keys.{key_digest(API_KEY)}]\ntenant = "bench"\n')
+            keys.write_text(f'salt_key = "{os.urandom(32).hex()}"\n[keys.{key_digest(API_KEY)}]\ntenant = "bench"\n')
             env["NEXUSKV_GATEWAY_KEYS"] = str(keys)
             cmd += ["--kv-transfer-config", json.dumps(connector_config(kernel_toml, tenant=None)),
                     "--middleware", "nexuskv_vllm.gateway.TenantGateway"]  # fmt: skip

@@ -2,117 +2,66 @@
 
 The connector takes a request's tenant from `kv_transfer_params`, a field of vLLM's request bodies; a client must
 never choose it. This middleware runs inside `vllm serve` (`--middleware nexuskv_vllm.gateway.TenantGateway`) and
-works by allow-list: vLLM has many endpoints that take `kv_transfer_params` (`/v1/chat/completions`,
-`/v1/completions`, `/v1/responses`, `/v1/messages`, `/invocations`, `/inference/v1/generate`, ...), and one added
-in a later vLLM must not be an open door. So:
+works by allow-list, since a route added in a later vLLM must not be an open door:
 
-- `OPEN` requests pass unchanged, without a key: GET `/health`, `/ping`, `/version`, `/metrics`, `/v1/models`;
-  POST `/tokenize`, `/detokenize` (their bodies still lose any `kv_transfer_params`);
-- every other request needs an API key (`Authorization: Bearer <key>`) listed in the keys file, else 401; a POST
-  must carry a JSON object (`application/json`, any case; else 415 or 400) of at most `max_body_bytes` (else 413);
-  its `kv_transfer_params` is replaced by the key's tenant (and scope), and its `cache_salt` by a digest of the
-  tenant, the scope and the client's own salt: vLLM's own prefix cache keys blocks by token ids and salt only, so
-  without this two tenants sending the same prompt would share each other's blocks on the GPU, whatever NexusKV
-  does (a client's salt still splits its tenant's cache further; no request reaches vLLM with a salt the gateway
-  did not make, so knowing another tenant's salt is of no use).
+- `OPEN_GET` pass without a key: GET `/health`, `/ping`, `/version`, `/metrics`, `/v1/models`, `/load`;
+- every other request needs an API key (`Authorization: Bearer <key>`) listed in the keys file, else 401;
+- a tenant's key reaches the routes that serve tenants (`TENANT_POST`, `TENANT_GET`, `/v1/responses/...`);
+  every other route (vLLM's operator routes: `/reset_prefix_cache`, `/collective_rpc`, `/sleep`, weight
+  updates, `/kv_event_sources`, ... and any route a later vLLM adds) needs a key with `admin = true`, else 403;
+- routes that would drop the tenant's salt are refused to every key (403): `/cohere/...` (vLLM's Cohere request
+  has no `cache_salt`) and WebSockets (`/v1/realtime` builds requests without one; closed with 1008);
+- a keyed POST must carry a JSON object (`application/json`, any case; else 415 or 400) of at most
+  `max_body_bytes` (else 413), read within `body_timeout_s` (else 408); its `kv_transfer_params` is replaced by
+  the key's tenant (and scope), and its `cache_salt` by a MAC (the keys file's `salt_key`) of the tenant, the
+  scope and the client's own salt: vLLM's own prefix cache keys blocks by token ids and salt only, so without
+  this two tenants sending the same prompt would share each other's blocks on the GPU, whatever NexusKV does;
+  `/tokenize` and `/detokenize` only lose the two fields.
 
 vLLM's stored Responses (`GET /v1/responses/{id}`) are not partitioned by tenant: any key may read any id it
-knows; run with `VLLM_ENABLE_RESPONSES_API_STORE` unset (its default) where that matters.
-
-The keys file (`NEXUSKV_GATEWAY_KEYS`, TOML) holds SHA-256 digests of the keys, never the keys:
-
-    max_body_bytes = 8388608            # optional
-    [keys.9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]
-    tenant = "acme"
-    scope = "support"                   # optional
-
-A malformed keys file stops the server at start with the file and the problem (`ConfigError`).
+knows; run with `VLLM_ENABLE_RESPONSES_API_STORE` unset (its default) where that matters. The keys file:
+`gateway_keys.py`.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import json
 import os
-import tomllib
 from collections.abc import Awaitable, Callable, MutableMapping
-from pathlib import Path
 from typing import Any
 
-from nexuskv import ConfigError, Namespace, get_logger
+from nexuskv import ConfigError, get_logger
+from nexuskv_vllm.gateway_keys import Caller, KeysFile, key_digest, tenant_salt
 
-__all__ = ["GENERATION_PATHS", "OPEN_GET", "OPEN_POST", "KeysFile", "TenantGateway", "key_digest", "tenant_salt"]
+__all__ = ["OPEN_GET", "REFUSED_PREFIXES", "TENANT_GET", "TENANT_POST", "Caller", "KeysFile", "TenantGateway",
+           "key_digest", "tenant_salt"]  # fmt: skip
 
 log = get_logger(__name__)
 
 OPEN_GET = frozenset({"/health", "/ping", "/version", "/metrics", "/v1/models", "/load"})
-OPEN_POST = frozenset({"/tokenize", "/detokenize"})
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})  # the common ones
+TENANT_POST = frozenset({
+    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+    "/inference/v1/generate", "/invocations", "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score",
+    "/rerank", "/v1/rerank", "/v2/rerank", "/v1/chat/completions/render", "/v1/completions/render",
+    "/tokenize", "/detokenize"})  # fmt: skip
+"""POST routes a tenant's key reaches (vLLM 0.32's generation, pooling and tokenizer routes)."""
+TENANT_GET = frozenset({"/tokenizer_info"})
+STRIP_ONLY = frozenset({"/tokenize", "/detokenize"})  # no engine request: the fields are dropped, none added
+REFUSED_PREFIXES = ("/cohere/",)
+"""Routes whose request drops `cache_salt` on its way to the engine: refused to every key."""
+JSON_IN_THREAD = 1 << 20  # bodies this large are parsed off the event loop
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
-def tenant_salt(tenant: str, scope: str, client_salt: object) -> str:
-    """vLLM's `cache_salt` for a tenant's request: its tenant, scope and the client's own salt, hashed."""
-    h = hashlib.blake2b(digest_size=16, person=b"nexuskv.gateway")
-    for part in (tenant, scope, client_salt if isinstance(client_salt, str) else ""):
-        h.update(part.encode() + b"\0")
-    return f"nexuskv-{h.hexdigest()}"
-
-
-def key_digest(key: str) -> str:
-    """The SHA-256 hex digest of an API key, as the keys file lists it."""
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-class KeysFile:
-    """The gateway's keys file: API key digest -> (tenant, scope), and the body limit."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        try:
-            data = tomllib.loads(self.path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{self.path}: {exc}") from None
-        unknown = set(data) - {"keys", "max_body_bytes"}
-        if unknown:
-            raise ConfigError(f"{self.path}: unknown field(s) {sorted(unknown)} (have: keys, max_body_bytes)")
-        self.max_body_bytes = data.get("max_body_bytes", 8 << 20)
-        if not isinstance(self.max_body_bytes, int) or not 0 < self.max_body_bytes <= 1 << 30:
-            raise ConfigError(f"{self.path}: max_body_bytes must be an integer in (0, 1 GiB]")
-        self.keys: dict[str, tuple[str, str]] = {}
-        for digest, entry in (data.get("keys") or {}).items():
-            where = f"{self.path}: keys.{digest}"
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ConfigError(f"{where}: not a SHA-256 hex digest (list key_digest(key), never the key)")
-            if not isinstance(entry, dict) or set(entry) - {"tenant", "scope"}:
-                raise ConfigError(f"{where}: a table with 'tenant' and optionally 'scope'")
-            tenant, scope = entry.get("tenant"), entry.get("scope", "")
-            if not isinstance(tenant, str) or not tenant or not isinstance(scope, str):
-                raise ConfigError(f"{where}: 'tenant' must be a non-empty string, 'scope' a string")
-            self.keys[digest] = (tenant, scope)
-        if not self.keys:
-            raise ConfigError(f"{self.path}: no keys: every generation request would be refused")
-
-    def namespaces(self) -> dict[str, Namespace]:
-        """vLLM `cache_salt` -> namespace of every tenant and scope in the file (requests without a client salt).
-
-        What a router following the engines' KV events (`nexuskv_vllm_events.EngineResidency`) attributes their
-        blocks with; a client's own salt makes another salt, whose blocks stay unattributed (never shared).
-        """
-        out = {}
-        for tenant, scope in set(self.keys.values()):
-            salt = tenant_salt(tenant, scope, None)
-            out[salt] = Namespace(tenant=tenant, scope=scope, cache_salt=salt)
-        return out
-
-    def tenant(self, authorization: str | None) -> tuple[str, str] | None:
-        """(tenant, scope) of a `Bearer <key>` header; None for a missing or unknown key."""
-        if not authorization or not authorization.startswith("Bearer "):
-            return None
-        return self.keys.get(key_digest(authorization.removeprefix("Bearer ").strip()))
+def _tenant_route(method: str, path: str) -> bool:
+    if path.startswith("/v1/responses/"):  # a stored response: read, cancel
+        return method in ("GET", "POST", "DELETE")
+    return path in TENANT_POST if method == "POST" else method in ("GET", "HEAD") and path in TENANT_GET
 
 
 class TenantGateway:
@@ -129,46 +78,65 @@ class TenantGateway:
         self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") not in ("http", "websocket"):  # lifespan
+        kind = scope.get("type")
+        if kind == "websocket":  # vLLM's realtime route builds requests without a salt or a tenant
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if kind != "http":  # lifespan
             await self.app(scope, receive, send)
             return
         path, method = scope.get("path", ""), scope.get("method", "GET")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
-        if scope.get("type") == "http" and method in ("GET", "HEAD") and path in OPEN_GET:
+        if method in ("GET", "HEAD") and path in OPEN_GET:
             await self.app(scope, receive, send)
             return
-        who = None
-        if not (method == "POST" and path in OPEN_POST):
-            who = self.keys.tenant(headers.get("authorization"))
-            if who is None:
-                await _error(send, 401, "a known API key is required (Authorization: Bearer <key>)")
-                return
-        if scope.get("type") != "http" or method != "POST":
-            await self.app(scope, receive, send)  # a keyed GET, DELETE, websocket: no body to rewrite
+        who = self.keys.caller(headers.get("authorization"))
+        if who is None:
+            await _error(send, 401, "a known API key is required (Authorization: Bearer <key>)")
             return
+        if path.startswith(REFUSED_PREFIXES):
+            await _error(send, 403, f"{path}: this route drops the tenant's cache salt on its way to the engine")
+            return
+        if not who.admin and not _tenant_route(method, path):
+            await _error(send, 403, f"{method} {path}: an operator route (needs a key with admin = true)")
+            return
+        if method != "POST":
+            await self.app(scope, receive, send)  # a keyed GET, DELETE: no body to rewrite
+            return
+        await self._rewrite(scope, receive, send, headers, who)
+
+    async def _rewrite(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str],
+                       who: Caller) -> None:  # fmt: skip
+        path = scope.get("path", "")
         media = headers.get("content-type", "").split(";")[0].strip().lower()
         if media != "application/json" and not media.endswith("+json"):
             await _error(send, 415, "the body must be JSON (Content-Type: application/json)")
             return
-        body = await _read_body(receive, self.keys.max_body_bytes)
+        try:
+            body = await asyncio.wait_for(_read_body(receive, self.keys.max_body_bytes), self.keys.body_timeout_s)
+        except TimeoutError:
+            await _error(send, 408, f"the body was not read in {self.keys.body_timeout_s} s")
+            return
         if body is None:
             await _error(send, 413, f"body over {self.keys.max_body_bytes} bytes")
             return
         try:
-            data = json.loads(body) if body else {}
-        except ValueError as exc:
-            await _error(send, 400, f"the body is not JSON: {exc}")
+            data = (await asyncio.to_thread(json.loads, body) if len(body) > JSON_IN_THREAD else json.loads(body)) \
+                if body else {}  # fmt: skip
+        except (ValueError, RecursionError) as exc:
+            await _error(send, 400, f"the body is not JSON: {type(exc).__name__}: {exc}"[:300])
             return
         if not isinstance(data, dict):
             await _error(send, 400, "the body must be a JSON object")
             return
         dropped = data.pop("kv_transfer_params", None) is not None
         client_salt = data.pop("cache_salt", None)
-        if who is not None:
-            data["kv_transfer_params"] = {"tenant": who[0], **({"scope": who[1]} if who[1] else {})}
-            data["cache_salt"] = tenant_salt(who[0], who[1], client_salt)
+        if path not in STRIP_ONLY:
+            data["kv_transfer_params"] = {"tenant": who.tenant, **({"scope": who.scope} if who.scope else {})}
+            data["cache_salt"] = self.keys.salt(who.tenant, who.scope, client_salt)
         if dropped:
-            log.info("client's kv_transfer_params dropped", path=path, tenant=who[0] if who else None)
+            log.info("client's kv_transfer_params dropped", path=path, tenant=who.tenant)
         new = json.dumps(data).encode()
         scope = dict(scope)
         scope["headers"] = [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"content-length"]

@@ -81,7 +81,9 @@ def server(workdir, model_dir, kernel_toml):
     toml = kernel_toml.read_text().replace(str(workdir / "disk"), str(workdir / "disk-serve"))
     (workdir / "kernel-serve.toml").write_text(toml)
     keys = workdir / "gateway-keys.toml"
-    keys.write_text("".join(f'[keys.{key_digest(k)}]\ntenant = "{t}"\n' for k, t in KEYS.items()))
+    keys.write_text(f'salt_key = "{os.urandom(32).hex()}"\n'
+                    + "".join(f'[keys.{key_digest(k)}]\ntenant = "{t}"\n' for k, t in KEYS.items())
+                    + f'[keys.{key_digest("key-ops")}]\ntenant = "ops"\nadmin = true\n')  # fmt: skip
     template = workdir / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
     port = _port()
@@ -153,7 +155,7 @@ def _counters(server, prefix: str = "vllm:nexuskv_") -> dict[str, float]:
 
 def _reset_vllm_cache(server) -> None:
     req = urllib.request.Request(f"{server['base']}/reset_prefix_cache", data=b"{}", method="POST", headers={
-        "content-type": "application/json", "authorization": "Bearer key-a"})  # every POST is keyed
+        "content-type": "application/json", "authorization": "Bearer key-ops"})  # an operator route: admin only
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 200
 
