@@ -91,6 +91,11 @@ class Loader:
                       "bytes_loaded": 0}  # fmt: skip
         self.lost: list[bytes] = []  # own keys of blocks that failed to load (the worker reports them removed)
 
+    def counters(self) -> dict[str, int]:
+        """A snapshot of the load counters (`stats`), taken under the loader's lock."""
+        with self._lock:
+            return dict(self.stats)
+
     def register(self, caches: dict[str, torch.Tensor], specs: tuple[TensorSpec, ...],
                  slices: dict[str, tuple[int, int]], block_nbytes: int) -> None:  # fmt: skip
         self.caches, self.specs, self.slices, self.block_nbytes = caches, specs, slices, block_nbytes

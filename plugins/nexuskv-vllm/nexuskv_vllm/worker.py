@@ -61,8 +61,7 @@ class WorkerSide:
         """A snapshot of this rank's counters: its saves, and the loader's loads."""
         with self._lock:
             saves = dict(self._saves)
-        with self.loader._lock:
-            return saves | dict(self.loader.stats)
+        return saves | self.loader.counters()
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """vLLM's per-layer paged KV tensors, `[num_blocks, ...]` each."""
@@ -209,9 +208,9 @@ class WorkerSide:
                          .contiguous().view(torch.uint8).reshape(-1) for name in group.layers]  # fmt: skip
                 payloads[(b, g)] = memoryview(torch.cat(parts).cpu().numpy())
                 tensors[(b, g)] = group_specs(self.caches, group.layers, len(ids), _dtype_name)
-        total = sum(len(p) for p in payloads.values())
+        sizes = [len(p) for p in payloads.values()]  # the writer accepts a prefix, in order
         self._hand_over(spec, request, keys, payloads, tensors, groups=(1 << len(self.groups)) - 1,
-                        nbytes=lambda accepted: total if accepted else 0)
+                        nbytes=lambda accepted: sum(sizes[:accepted]))
 
     # ------------------------------------------------------------------------------------------ reports
 
