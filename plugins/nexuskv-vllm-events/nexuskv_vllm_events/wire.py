@@ -10,6 +10,8 @@ index in ways the stream never said.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 __all__ = ["MAX_HASH_BYTES", "AllBlocksCleared", "Batch", "BlockRemoved", "BlockStored", "WireError", "decode",
@@ -19,6 +21,7 @@ MAX_HASH_BYTES = 64
 """Longest block hash accepted (vLLM's are 32-byte SHA-256 digests, or 64-bit ints)."""
 
 BlockHash = bytes | int
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]  # checked while decoding, at C speed
 
 
 class WireError(ValueError):
@@ -30,7 +33,7 @@ class BlockStored(msgspec.Struct, tag=True, forbid_unknown_fields=False):
 
     block_hashes: list[BlockHash]
     parent_block_hash: BlockHash | None
-    token_ids: list[int]
+    token_ids: list[TokenId]
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
@@ -83,9 +86,6 @@ def decode(payload: bytes) -> Batch:
         for h in hashes:
             if isinstance(h, bytes) and not 0 < len(h) <= MAX_HASH_BYTES:
                 raise WireError(f"event {i}: a block hash of {len(h)} bytes (1..{MAX_HASH_BYTES} accepted)")
-        if isinstance(event, BlockStored) and event.token_ids and (
-                min(event.token_ids) < 0 or max(event.token_ids) >= 1 << 32):  # fmt: skip
-            raise WireError(f"event {i}: a token id outside [0, 2**32)")
     return batch
 
 
