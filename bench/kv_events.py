@@ -27,7 +27,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import interleaved, machine_speed, quick, result
-
 from nexuskv import Kernel, KernelConfig, Layout, ModelIdentity, Namespace, Request, StateGroup, TokenizerIdentity
 
 RESULTS = ("kv_events.apply_over_keying", "kv_events.apply_over_keying_under_load")
