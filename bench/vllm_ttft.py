@@ -11,7 +11,7 @@ token):
 
 - shared: a chat tenant (a 1,536-token system prompt, 6 user turns of 48-96 tokens) and a RAG tenant (2 documents
   of 1,024 tokens, each asked 3 questions); the first request of each prefix is cold for every way;
-- unique: 6 prompts of 1,024 tokens that share nothing (what saving costs when nothing is reused);
+- unique: 24 prompts of 1,024 tokens that share nothing (what saving costs when nothing is reused);
 - slowtier: the shared workload again, NexusKV's only tier behind an emulated 2 MB/s link (`shaped-link`), where
   loading costs more than recomputing.
 
@@ -52,7 +52,7 @@ MODEL = quick({"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 2, "intermedi
 SLOW_BW, SLOW_LAT_MS = 2e6, 2.0
 # Quick mode: every workload and the calibration at their smallest (2-block prefixes, a request or two of each)
 SYSTEM, DOC, UNIQUE = quick((1536, 1024, 1024), (256, 256, 256))  # prompt lengths in tokens
-TURNS, DOCS, QUESTIONS, UNIQUES = quick((6, 2, 3, 6), (2, 1, 2, 1))
+TURNS, DOCS, QUESTIONS, UNIQUES = quick((6, 2, 3, 24), (2, 1, 2, 1))  # 24 unique: a 5% goal needs samples
 CALIBRATION, REPEATS = quick(((256, 768, 1536, 2560), 3), ((64, 128, 256, 384), 1))
 
 
