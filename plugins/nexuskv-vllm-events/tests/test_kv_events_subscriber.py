@@ -17,6 +17,7 @@ from nexuskv_vllm_events import KVEventSubscriber
 from nexuskv_vllm_events.testing import Publisher, encode_batch, removed, stored
 
 from nexuskv import ConfigError
+from tests.conftest import wait_for
 
 TOKS = [(i * 31) % 50_000 for i in range(8 * PAGE)]
 HASHES = [vhash("p", i) for i in range(8)]
@@ -35,23 +36,14 @@ def block(i: int, salt: str = "salt-a"):
                   salt=salt if i == 0 else None)  # fmt: skip
 
 
-def until(predicate, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
 def settled(sub: KVEventSubscriber, pub: Publisher) -> bool:
     """The subscriber has caught up with everything the publisher numbered."""
-    return until(lambda: sub.stats()["next_seq"] == pub.seq)
+    return wait_for(lambda: sub.stats()["next_seq"] == pub.seq)
 
 
 def connected(sub, pub) -> None:
     """Publish no-op batches until one arrives live (ZMQ's slow joiner: the first ones after connect are lost)."""
-    assert until(lambda: (pub.publish([]), sub.stats()["received"] > 0)[1])
+    assert wait_for(lambda: (pub.publish([]), sub.stats()["received"] > 0)[1])
     assert settled(sub, pub)
 
 
@@ -144,7 +136,7 @@ def test_a_restarted_engine_starts_from_an_empty_cache(ipc):
         assert settled(sub, pub)
         pub.restart()
         pub.publish([block(0)])
-        assert until(lambda: sub.stats()["restarts"] == 1) and settled(sub, pub)
+        assert wait_for(lambda: sub.stats()["restarts"] == 1) and settled(sub, pub)
         assert resident_tokens(k, request(TOKS)) == PAGE
 
 
@@ -171,7 +163,7 @@ def test_forged_malformed_and_foreign_messages_change_nothing_they_claim(ipc):
         pub.raw([b"engine-10", (pub.seq).to_bytes(8, "big"), encode_batch([block(2)])])  # a longer topic
         pub.raw([b"engine-1", b"\x00\x01"])  # two frames
         pub.raw([b"engine-1", b"\x00" * 3, b"x"])  # a bad sequence frame
-        assert until(lambda: sub.stats()["malformed"] == 2)
+        assert wait_for(lambda: sub.stats()["malformed"] == 2)
         assert sub.stats()["other_topic"] == 1 and resident_tokens(k, request(TOKS)) == 0
         for i in range(2):
             pub.publish([block(i)])
@@ -200,10 +192,10 @@ def test_a_message_over_the_bound_drops_the_connection_and_the_replay_fills_in(i
         connected(sub, pub)
         pub.publish([block(0)])
         oversized(pub, 1 << 20, buffered=encode_batch([block(1)]))  # the replay has a smaller copy of it
-        assert until(lambda: sub.stats()["disconnects"] == 1) and settled(sub, pub)
+        assert wait_for(lambda: sub.stats()["disconnects"] == 1) and settled(sub, pub)
         assert resident_tokens(k, request(TOKS)) == 2 * PAGE
         pub.publish([block(2)])
-        assert until(lambda: resident_tokens(k, request(TOKS)) == 3 * PAGE)
+        assert wait_for(lambda: resident_tokens(k, request(TOKS)) == 3 * PAGE)
         s = sub.stats()
         assert (s["lost"], s["malformed"]) == (0, 0)
 
@@ -215,12 +207,12 @@ def test_a_message_over_the_bound_that_the_replay_cannot_give_either_forgets_the
         connected(sub, pub)
         pub.publish([block(0)])
         pub.publish([block(1)])
-        assert until(lambda: resident_tokens(k, request(TOKS)) == 2 * PAGE)
+        assert wait_for(lambda: resident_tokens(k, request(TOKS)) == 2 * PAGE)
         oversized(pub, 1 << 20)  # it might have removed both: unknown, so nothing is claimed
-        assert until(lambda: sub.stats()["lost"] == 1)
+        assert wait_for(lambda: sub.stats()["lost"] == 1)
         assert resident_tokens(k, request(TOKS)) == 0 and sub.stats()["malformed"] == 0
         pub.buffer.clear()
-        assert until(lambda: (pub.publish([block(0)]), resident_tokens(k, request(TOKS)) == PAGE)[1])
+        assert wait_for(lambda: (pub.publish([block(0)]), resident_tokens(k, request(TOKS)) == PAGE)[1])
 
 
 def test_remote_endpoints_need_an_explicit_yes():
@@ -257,7 +249,7 @@ def test_an_engine_that_restarted_while_the_connection_was_down_is_caught_by_the
             pub.publish([], send=False)
         pub.publish([stored([vhash("new")], None, TOKS[:PAGE], PAGE, salt="salt-b")], send=False)
         oversized(pub, 1 << 20, buffered=encode_batch([]))  # the connection drops: the subscriber reopens it
-        assert until(lambda: sub.stats()["disconnects"] == 1) and settled(sub, pub)
+        assert wait_for(lambda: sub.stats()["disconnects"] == 1) and settled(sub, pub)
         assert sub.stats()["lost"] == 1  # the replay did not continue the batches it had applied
         assert resident_tokens(k, request(TOKS)) == 0  # not the old engine's blocks
         assert resident_tokens(k, request(TOKS, tenant="b")) == PAGE  # the new engine's, from its whole buffer

@@ -28,6 +28,7 @@ from nexuskv_vllm.testing import connector_config
 from nexuskv_vllm.testing import tokens as prompt
 
 from conftest import run_engine
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -257,15 +258,6 @@ class Router:
         return d.option("engine-1").reuse_tokens, d.node, d.option(d.node).sources
 
 
-def _until(predicate, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
-
-
 def test_a_router_following_the_engines_kv_events_prices_its_gpu_cache_per_tenant(server, model_dir):
     router = Router(server, model_dir)
     sub = router.follow(server)  # history first, from the engine's replay endpoint
@@ -273,7 +265,7 @@ def test_a_router_following_the_engines_kv_events_prices_its_gpu_cache_per_tenan
         assert sub.stats()["replays"] == 1 and sub.stats()["replay_failures"] == 0
         ids = prompt(700, 51)
         _complete(server, "key-a", ids)
-        assert _until(lambda: router.resident("acme", ids)[0] == 640), str(sub.stats())  # 5 full blocks of 128
+        assert wait_for(lambda: router.resident("acme", ids)[0] == 640, 30.0), str(sub.stats())  # 5 full blocks of 128
         _, node, sources = router.resident("acme", ids)
         assert node == "engine-1" and sources == ("gpu@engine-1",)
         assert router.resident("globex", ids)[:2] == (0, "engine-1")  # globex: nothing held; a tie by name
@@ -282,7 +274,7 @@ def test_a_router_following_the_engines_kv_events_prices_its_gpu_cache_per_tenan
         assert (stats["malformed"], stats["lost"], stats["restarts"]) == (0, 0, 0)
         _reset_vllm_cache(server)  # AllBlocksCleared, published with the engine's next step:
         _complete(server, "key-b", prompt(20, 54))
-        assert _until(lambda: router.resident("acme", ids)[0] == 0), str(sub.stats())
+        assert wait_for(lambda: router.resident("acme", ids)[0] == 0, 30.0), str(sub.stats())
         assert sub.stats()["cleared"] >= 1
     finally:
         sub.close()
@@ -295,10 +287,10 @@ def test_a_router_that_was_away_resyncs_from_the_engines_replay_buffer(server, m
     sub = router.follow(server)
     try:
         assert sub.stats()["replayed"] >= 1
-        assert _until(lambda: router.resident("globex", ids)[0] == 384), str(sub.stats())  # 3 full blocks
+        assert wait_for(lambda: router.resident("globex", ids)[0] == 384, 30.0), str(sub.stats())  # 3 full blocks
         assert router.resident("acme", ids)[0] == 0
         _complete(server, "key-b", ids + prompt(300, 53))  # the stream continues live after the replay
-        assert _until(lambda: router.resident("globex", ids + prompt(300, 53))[0] == 640), str(sub.stats())
+        assert wait_for(lambda: router.resident("globex", ids + prompt(300, 53))[0] == 640, 30.0), str(sub.stats())
     finally:
         sub.close()
     assert router.resident("globex", ids)[0] == 0  # nobody keeps it current: nothing is claimed
