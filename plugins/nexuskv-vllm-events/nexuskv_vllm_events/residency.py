@@ -101,8 +101,8 @@ class EngineResidency:
         page = self.page_size
         n = len(event.block_hashes)
         extras = event.extra_keys or [None] * n
-        if (event.block_size != page or event.lora_name is not None or len(event.token_ids) != n * page
-                or len(extras) != n):  # fmt: skip
+        if (event.block_size != page or event.lora_name is not None or event.lora_id is not None
+                or len(event.token_ids) != n * page or len(extras) != n):  # fmt: skip
             self._counts["unattributed"] += n  # another block size, an adapter, or a shape this cannot key
             return
         if event.parent_block_hash is None:
@@ -124,12 +124,16 @@ class EngineResidency:
         keys = self._keyer.extend(parent, event.token_ids[: usable * page], offset=offset)
         for i, (vllm_hash, key) in enumerate(zip(event.block_hashes[:usable], keys, strict=True)):
             old = self._blocks.pop(vllm_hash, None)
-            if old is None or not old[2]:
-                self._held += 1
+            if old is not None and old[2]:
+                self._held -= 1
+                if old[0] != key:  # the hash named another block: that claim ends (never left unbounded)
+                    self._index.remove(old[0], self.location)
+            self._held += 1
             self._blocks[vllm_hash] = (key, offset + (i + 1) * page, True)
         # every key, held before or not: an index that dropped this node's locations (a cluster index resyncing
         # a peer) gets them back with the next event that names them
-        self._index.insert_many(keys, self.location)
+        claimed = [self._blocks[h][0] for h in dict.fromkeys(event.block_hashes[:usable])]  # a hash's last key
+        self._index.insert_many(claimed, self.location)
         self._counts["stored"] += usable
         while len(self._blocks) > self.max_blocks:
             _, (key, _, held) = self._blocks.popitem(last=False)

@@ -182,13 +182,14 @@ class KVEventSubscriber:
     def _reconnect(self, sub: Any, monitor: Any) -> tuple[Any, Any]:
         """The connection dropped (an oversized message, the engine went away): whatever was in flight is unknown.
 
-        ZMQ does not reconnect after a message over `max_message_bytes`, so the socket is opened again; then the
-        replay says what was missed, or the engine's cache is forgotten.
+        ZMQ does not reconnect after a message over `max_message_bytes`, so a connecting socket is opened again (a
+        bound one keeps listening); then the replay says what was missed, or the engine's cache is forgotten.
         """
         self._count("disconnects")
         log.warning("KV event stream disconnected", node=self.residency.node, endpoint=self.endpoint)
-        _close(sub, monitor)
-        sub, monitor = self._open()
+        if not self.bind:  # a bound socket keeps listening (the peer reconnects), and re-binding at once can fail
+            _close(sub, monitor)
+            sub, monitor = self._open()
         if self._order.next is not None and not self._resume():
             self._lose("disconnected, and no replay says what was missed")
         return sub, monitor

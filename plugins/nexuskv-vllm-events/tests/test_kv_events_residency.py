@@ -190,3 +190,26 @@ def test_many_threads_applying_events_leave_the_state_a_reference_model_predicts
             keys = k.keys(request(prompt(8, seed=t)))
             assert {b for b in range(8) if k.index.get(keys[b]) is not None} == held
         assert res.stats()["held"] == sum(len(h) for h in expected.values())
+
+
+def test_a_hash_reused_for_other_blocks_never_leaves_its_old_claims_behind():
+    """A writer re-using one vLLM hash with other tokens cannot grow the index past the bound: the old claim ends."""
+    with router() as k:
+        res = residency(k, max_blocks=4)
+        for seed in range(50):
+            toks = prompt(1, seed=seed)
+            res.apply(batch(stored([vhash("same")], None, toks, PAGE, salt="salt-a")))
+        assert k.index.holdings().get(res.location) == 1 and res.stats()["held"] == 1
+        assert resident_tokens(k, request(prompt(1, seed=49))) == PAGE
+        assert resident_tokens(k, request(prompt(1, seed=48))) == 0
+        res.apply(batch(stored([vhash("dup")] * 3, None, prompt(3, seed=99), PAGE, salt="salt-a")))
+        assert k.index.holdings().get(res.location) == 2 and res.stats()["held"] == 2
+
+
+def test_a_block_of_an_adapter_named_only_by_id_is_not_indexed():
+    with router() as k:
+        res = residency(k)
+        event = stored([vhash(1)], None, prompt(1), PAGE, salt="salt-a")
+        event.lora_id = 3
+        res.apply(batch(event))
+        assert res.stats()["unattributed"] == 1 and res.stats()["held"] == 0

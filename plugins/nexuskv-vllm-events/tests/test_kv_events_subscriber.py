@@ -290,3 +290,23 @@ def test_nothing_is_claimed_once_close_returns_even_mid_replay(ipc):
                               replay_timeout_s=5).start(timeout=0.1)  # fmt: skip
         time.sleep(1.0)  # the replay answers after close returned: what it brings is not applied
         assert resident_tokens(k, request(TOKS)) == 0 and res.stats()["held"] == 0
+
+
+def test_a_bound_subscriber_survives_publishers_that_come_and_go():
+    """Bind mode: a publisher (an engine restarting, or any local process) connecting and leaving never stops it."""
+    with router() as k:
+        probe = zmq.Context.instance().socket(zmq.SUB)
+        probe.bind("tcp://127.0.0.1:0")
+        endpoint = probe.getsockopt_string(zmq.LAST_ENDPOINT)
+        probe.close(0)
+        with KVEventSubscriber(residency(k), endpoint=endpoint, bind=True) as sub:
+            for round_ in range(3):
+                pub = zmq.Context.instance().socket(zmq.PUB)
+                pub.setsockopt(zmq.LINGER, 0)
+                pub.connect(endpoint)
+                assert wait_for(lambda p=pub, r=round_: (p.send_multipart([b"", (0).to_bytes(8, "big"),
+                                                                           encode_batch([])]),
+                                                         sub.stats()["received"] > r)[1])  # fmt: skip
+                pub.close(0)
+                assert wait_for(lambda r=round_: sub.stats()["disconnects"] > r)
+            assert sub.stats()["alive"]
