@@ -417,6 +417,7 @@ def test_a_tier_cannot_take_the_engine_caches_name():
     """A NexusKV tier named like RESIDENT_TIER would be priced free in routes and never read by plans."""
     from nexuskv import RESIDENT_TIER, ConfigError
 
-    cfg = KernelConfig(node="a", profile=PROFILE, tiers={RESIDENT_TIER: {"store": "dram", "capacity_bytes": "1MiB"}})
-    with pytest.raises(ConfigError, match=f"tiers.{RESIDENT_TIER}: the name {RESIDENT_TIER!r} is reserved"):
-        Kernel(cfg, secret=SECRET)
+    for name in (RESIDENT_TIER, RESIDENT_TIER.upper()):
+        cfg = KernelConfig(node="a", profile=PROFILE, tiers={name: {"store": "dram", "capacity_bytes": "1MiB"}})
+        with pytest.raises(ConfigError, match=f"tiers.{name}: the name {RESIDENT_TIER!r} is reserved"):
+            Kernel(cfg, secret=SECRET)

@@ -25,7 +25,7 @@ log = get_logger("nexuskv.hierarchy")  # the component name operators filter on:
 
 def tier_options(name: str, raw: Mapping[str, Any], factories: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """`(store plugin name, options)` of tier `name` (sizes written like "4GiB" become bytes)."""
-    if name == RESIDENT_TIER:
+    if name.lower() == RESIDENT_TIER:  # any case: engines' event media are matched in any case
         raise ConfigError(f"tiers.{name}: the name {RESIDENT_TIER!r} is reserved for the engine's own cache "
                           "(RESIDENT_TIER: routes price it, plans never read it); name the tier otherwise")
     opts = dict(raw)

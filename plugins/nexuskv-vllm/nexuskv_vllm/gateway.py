@@ -6,11 +6,12 @@ works by allow-list, since a route added in a later vLLM must not be an open doo
 
 - `OPEN_GET` pass without a key: GET `/health`, `/ping`, `/version`, `/metrics`, `/v1/models`, `/load`;
 - every other request needs an API key (`Authorization: Bearer <key>`) listed in the keys file, else 401;
-- a tenant's key reaches the routes that serve tenants (`TENANT_POST`, `TENANT_GET`, `/v1/responses/...`);
+- a tenant's key reaches the routes that serve tenants (`TENANT_POST`, `TENANT_GET`, `/v1/responses/{id}` and
+  its `/cancel`);
   every other route (vLLM's operator routes: `/reset_prefix_cache`, `/collective_rpc`, `/sleep`, weight
   updates, `/kv_event_sources`, ... and any route a later vLLM adds) needs a key with `admin = true`, else 403;
-- routes that would drop the tenant's salt are refused to every key (403): `/cohere/...` (vLLM's Cohere request
-  has no `cache_salt`) and WebSockets (`/v1/realtime` builds requests without one; closed with 1008);
+- routes that would drop the tenant's salt are refused to every key (403): `/cohere/...` and `/v2/embed` (vLLM's
+  Cohere requests have no `cache_salt`) and WebSockets (`/v1/realtime` builds requests without one; closed with 1008);
 - a keyed POST must carry a JSON object (`application/json`, any case; else 415 or 400) of at most
   `max_body_bytes` (else 413), read within `body_timeout_s` (else 408); its `kv_transfer_params` is replaced by
   the key's tenant (and scope), and its `cache_salt` by a MAC (the keys file's `salt_key`) of the tenant, the
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -47,8 +49,9 @@ TENANT_POST = frozenset({
     "/tokenize", "/detokenize"})  # fmt: skip
 """POST routes a tenant's key reaches (vLLM 0.32's generation, pooling and tokenizer routes)."""
 TENANT_GET = frozenset({"/tokenizer_info"})
+STORED_RESPONSE = re.compile(r"/v1/responses/[^/]+(/cancel)?")
 STRIP_ONLY = frozenset({"/tokenize", "/detokenize"})  # no engine request: the fields are dropped, none added
-REFUSED_PREFIXES = ("/cohere/",)
+REFUSED_PREFIXES = ("/cohere/", "/v2/embed")
 """Routes whose request drops `cache_salt` on its way to the engine: refused to every key."""
 JSON_IN_THREAD = 1 << 20  # bodies this large are parsed off the event loop
 
@@ -59,8 +62,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 def _tenant_route(method: str, path: str) -> bool:
-    if path.startswith("/v1/responses/"):  # a stored response: read, cancel
-        return method in ("GET", "POST", "DELETE")
+    if STORED_RESPONSE.fullmatch(path):  # a stored response: read, delete; or cancel it
+        return method in ("GET", "HEAD", "DELETE") if not path.endswith("/cancel") else method == "POST"
     return path in TENANT_POST if method == "POST" else method in ("GET", "HEAD") and path in TENANT_GET
 
 

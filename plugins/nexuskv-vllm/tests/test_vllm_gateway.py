@@ -136,8 +136,17 @@ def test_operator_routes_and_routes_a_later_vllm_adds_need_an_admin_key(keys, me
 
 
 @pytest.mark.parametrize("auth", ["Bearer key-a", "Bearer key-ops"])
-def test_a_route_that_drops_the_salt_is_refused_to_every_key(keys, auth):
-    assert _call(keys, "/cohere/v2/chat", _chat(), {"authorization": auth}) == (403, None)
+@pytest.mark.parametrize("path", ["/cohere/v2/chat", "/v2/embed"])
+def test_a_route_that_drops_the_salt_is_refused_to_every_key(keys, auth, path):
+    assert _call(keys, path, _chat(), {"authorization": auth}) == (403, None)
+
+
+def test_only_a_stored_response_and_its_cancel_are_tenant_routes_under_v1_responses(keys):
+    tenant = {"authorization": "Bearer key-b"}
+    assert _call(keys, "/v1/responses/resp_1", b"", tenant, method="DELETE")[0] == 200
+    assert _call(keys, "/v1/responses/resp_1/cancel", b"{}", tenant)[0] == 200
+    assert _call(keys, "/v1/responses/render", b"{}", tenant) == (403, None)  # a POST route, not a stored one
+    assert _call(keys, "/v1/responses/resp_1/later/route", b"", tenant, method="GET") == (403, None)
 
 
 def test_websockets_are_closed_unanswered(keys):
