@@ -6,8 +6,9 @@ from tests.test_architecture import PUBLIC_MODULES
 PUBLIC = {
     "AdapterIdentity", "BlockKeyer", "CHAIN_PERSON", "Calibration", "ChecksumError", "CodecCost", "CommitResult",
     "ConfigError", "ContractError", "ControlPlane", "CostProfile", "DeadlinePassed", "DescriptorEncoder",
-    "DescriptorParser", "DictIndex", "EvictionCallback", "ExtraInput", "Frequency", "HeapEntry", "Holding",
-    "HoldingCodes", "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "Lineage", "LinkCost",
+    "DescriptorParser", "DictIndex", "EvictionCallback", "ExtraInput", "Frequency", "HandoffResult", "HeapEntry",
+    "Holding", "HoldingCodes", "IndexSnapshot", "Kernel", "KernelConfig", "KeyChain", "Layout", "Lease", "Lineage",
+    "LinkCost",
     "LoadReport", "Location", "Match", "Matcher", "Materialized", "ModelIdentity", "Namespace", "NexusKVError",
     "NodeState", "PersistentTierStore", "Placement", "Plan", "PlanAction", "PlanSpan", "PluginError", "PluginManager",
     "Predicted", "PrefillCost", "Request", "RouteDecision", "RouteOption", "SchemaVersionError", "Slo",

@@ -8,6 +8,7 @@ outside the kernel. `tests/test_api.py` pins this list.
 
 from __future__ import annotations
 
+from nexuskv.cluster.handoff import HandoffResult
 from nexuskv.contracts import (
     AdapterIdentity,
     Calibration,
@@ -105,6 +106,7 @@ __all__ = [
     "EvictionCallback",
     "ExtraInput",
     "Frequency",
+    "HandoffResult",
     "HeapEntry",
     "Holding",
     "HoldingCodes",

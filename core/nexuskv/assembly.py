@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from nexuskv.cel import plugin_functions
+from nexuskv.cluster.handoff import Handoffs
 from nexuskv.cluster.membership import Membership
 from nexuskv.contracts import CostProfile
 from nexuskv.contracts.config import KernelConfig, plugin_env
@@ -72,7 +73,7 @@ class KernelParts:
         self.membership = Membership(self.plugins.control_plane(cfg.control_plane), self.node, cfg.lease_ttl_s,
                                      status=self._status)  # fmt: skip
         try:
-            self._assemble(cfg, profile)
+            self._assemble(cfg, profile, secret)
         except BaseException:
             self._abandon()  # a kernel that failed to start leaves no heartbeat renewing its lease, no threads
             raise
@@ -94,7 +95,7 @@ class KernelParts:
             log.warning("warm-up failed; the first plan pays its own first call", error=f"{type(exc).__name__}: {exc}")
         return time.perf_counter() - t0
 
-    def _assemble(self, cfg: KernelConfig, profile: CostProfile) -> None:
+    def _assemble(self, cfg: KernelConfig, profile: CostProfile, secret: bytes) -> None:
         """Build the parts after the membership (the tiers, policies, paths), then bind a cluster-wide index."""
         self.cost = CostModel(profile, links=self.links)
         self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s)
@@ -122,6 +123,10 @@ class KernelParts:
         self.reads = ReadPath(cfg, self.keyring, self.index, self.planner, self.live, self.membership,
                               self.health, self.cost, self.prefetcher, self.decision_log, self.plan_seal)  # fmt: skip
         self.router = Router(self.reads, self.cost, self.membership, cfg)
+        self.handoffs = Handoffs(secret, self.node, self.index, lambda: self.membership.epoch,
+                                 lambda: self.hierarchy.addresses, self.hierarchy.remote,
+                                 ttl_s=cfg.handoff_ttl_s)  # fmt: skip
+        self.hierarchy.directory = self.handoffs.address
         self.policy_ops.start(self.node, self.planner, self.decision_log, self.control)
         self.metrics = Metrics.start(self)  # kernel.metrics: the registry, status(), the HTTP port when configured
         bind = getattr(self.index, "bind", None)

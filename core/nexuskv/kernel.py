@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nexuskv.assembly import KernelParts
+from nexuskv.cluster.handoff import HandoffResult
 from nexuskv.contracts import Plan, Request, StateDescriptor, TensorSpec
 from nexuskv.contracts.config import KernelConfig
 from nexuskv.errors import ConfigError
@@ -132,6 +133,27 @@ class Kernel(KernelParts):
     async def aroute(self, request: Request, nodes: Sequence[NodeState], **kwargs: Any) -> RouteDecision:
         """`route` for asyncio callers (CPU-bound and bounded by the deadline, so it runs inline)."""
         return self.router.route(request, nodes, **kwargs)
+
+    # ------------------------------------------------------------------------------------------ P/D handoffs
+
+    def handoff(self, request: Request, *, keys: Sequence[bytes] | None = None,
+                blocks: int | None = None) -> dict[str, Any] | None:  # fmt: skip
+        """A sealed grant saying where this node holds the request's first blocks (at most `blocks`), for a peer.
+
+        A prefill node returns it to the decode node (through a proxy); it names this node, its epoch, its peer
+        address and tiers, and carries no key. None when this node holds none of the request, or serves no peer
+        transport. See `nexuskv.cluster.handoff`.
+        """
+        return self.handoffs.issue(request, self.keys(request) if keys is None else keys, blocks=blocks)
+
+    def accept_handoff(self, request: Request, grant: Any, *, keys: Sequence[bytes] | None = None) -> HandoffResult:
+        """Take a peer's grant for `request`: checked against this request's own keys, never trusted.
+
+        When its MAC checks (same deployment, same tenant, model and prompt, unexpired), the producer's blocks are
+        indexed as the producer's for the grant's lifetime, and the next `plan` prices fetching them over the
+        measured link against recomputing. Anything else is refused with the reason (`HandoffResult.reason`).
+        """
+        return self.handoffs.accept(request, grant, self.keys(request) if keys is None else keys)
 
     # ------------------------------------------------------------------------------------------ write path
 

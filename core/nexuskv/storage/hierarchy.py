@@ -95,6 +95,8 @@ class Hierarchy:
         self.shared_tiers = tuple(n for n, st in self.tiers.items() if getattr(st, "shared", False) is True)
         self.remote = remote_transport(self.transports, cost)
         self.addresses: dict[str, str] = {}  # transport -> address this node serves its tiers on (for peers)
+        # peers' addresses learned from accepted handoff grants, where the control plane publishes none
+        self.directory: Callable[[str, str], str | None] | None = None
         for name, mover in self.transports.items():
             serve = getattr(mover, "serve", None)
             if callable(serve):
@@ -312,12 +314,15 @@ class Hierarchy:
         Every block is of `namespace` (the request's, or the owner's of a shared scope): the fetch names it, and
         the peer serves nothing of another namespace.
 
-        The peer's address is what it published to the control plane. A payload that is missing, not the
+        The peer's address is what it published to the control plane, else what a live handoff grant from it
+        says (`nexuskv.cluster.handoff`). A payload that is missing, not the
         block's or fails its checksum loses the peer's entry in this node's index (nothing is deleted on the
         peer); a peer that cannot be reached raises (the caller's breaker counts it).
         """
         status = self.membership.peer_status(node) or {}
         address = (status.get("addresses") or {}).get(transport)
+        if not address and self.directory is not None:
+            address = self.directory(node, transport)
         if not address:
             raise LookupError(f"node {node!r} has published no {transport} address")
         got = self.transports[transport].fetch_remote(address, tier, [slot_of(k, g) for k, g in blocks],  # type: ignore[attr-defined]
