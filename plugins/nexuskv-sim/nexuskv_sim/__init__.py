@@ -6,6 +6,7 @@ package README for the model, its assumptions and the baselines.
 
 from nexuskv_sim.api import BaseStrategy, ClusterView, Decision, Fetch, NodeLoad, Prefetch, SimRequest, Strategy
 from nexuskv_sim.metrics import SimResult, summary
+from nexuskv_sim.pd import PDResult, PDWorld, Pools, pd_summary, simulate_pd
 from nexuskv_sim.profile import Profile, default_profile, load_profile
 from nexuskv_sim.routers_sched import STRATEGIES, make_strategy
 from nexuskv_sim.simulate import plot_ttft, simulate
@@ -22,6 +23,9 @@ __all__ = [
     "Fetch",
     "LRUTier",
     "NodeLoad",
+    "PDResult",
+    "PDWorld",
+    "Pools",
     "Prefetch",
     "Profile",
     "SimRequest",
@@ -34,9 +38,11 @@ __all__ = [
     "generate_mixed",
     "load_profile",
     "make_strategy",
+    "pd_summary",
     "plot_ttft",
     "read_trace",
     "simulate",
+    "simulate_pd",
     "summary",
     "write_trace",
 ]
