@@ -42,7 +42,7 @@ def test_no_public_name_was_dropped():
 
 def test_the_public_modules_are_these():
     assert {"nexuskv", "nexuskv.cel", "nexuskv.cel.conformance", "nexuskv.cli", "nexuskv.testing",
-                              "nexuskv.testing.stress"} == PUBLIC_MODULES  # fmt: skip
+                              "nexuskv.testing.stress", "nexuskv.testing.netns"} == PUBLIC_MODULES  # fmt: skip
 
 
 def test_every_public_module_imports_and_names_its_api():

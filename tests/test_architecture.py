@@ -42,18 +42,18 @@ FLOORS: list[tuple[str, list[list[str]]]] = [
     ("ops", [["ops", "ops.counters", "ops.metrics", "ops.lost_gain"], ["ops.capture"], ["ops.replay"], ["ops.shadow"],
              ["ops.decision_log"], ["ops.policy_ops"]]),
     ("storage", [["storage", "storage.eviction", "storage.write_queue", "storage.prefetch", "storage.tier_config",
-                  "storage.state_seal"],
+                  "storage.state_seal", "storage.handoff"],
                  ["storage.hierarchy"]]),
     ("paths", [["paths", "paths.write", "paths.read"], ["paths.load", "paths.route"]]),
     ("facade", [["assembly"], ["kernel"], [""]]),
     ("cli", [["cli.demo", "cli.impact", "cli.rollout", "cli.status"], ["cli.commands"], ["cli"]]),
-    ("testing", [["testing"], ["testing.stress"]]),
+    ("testing", [["testing", "testing.netns"], ["testing.stress"]]),
     ("builtins", [["builtins.*"]]),
 ]  # fmt: skip
 ROOT_FLOORS = ("foundation", "facade")  # the package root's modules: the bottom floor and the facade
 
 PUBLIC_MODULES = {"nexuskv", "nexuskv.cel", "nexuskv.cel.conformance", "nexuskv.cli", "nexuskv.testing",
-                  "nexuskv.testing.stress"}  # fmt: skip
+                  "nexuskv.testing.stress", "nexuskv.testing.netns"}  # fmt: skip
 """What code outside the kernel may import, besides the builtin plugins (`nexuskv.builtins.*`); `test_api` pins it."""
 
 MAX_LINES, MAX_FACADE_LINES, MAX_MODULES_PER_FOLDER = 450, 300, 12

@@ -8,7 +8,6 @@ outside the kernel. `tests/test_api.py` pins this list.
 
 from __future__ import annotations
 
-from nexuskv.cluster.handoff import HandoffResult
 from nexuskv.contracts import (
     AdapterIdentity,
     Calibration,
@@ -79,6 +78,7 @@ from nexuskv.state.identity import CHAIN_PERSON, BlockKeyer, KeyChain, load_secr
 from nexuskv.state.index import DictIndex, Holding, HoldingCodes, IndexSnapshot, Location, Match, Matcher
 from nexuskv.state.restore_points import longest_restore_point, valid_restore_point
 from nexuskv.storage.eviction import Frequency, HeapEntry, Lineage, parent_slot, pick_victims, refreshed_priority
+from nexuskv.storage.handoff import HandoffResult
 from nexuskv.storage.state_seal import StateSeal
 from nexuskv.units import parse_bytes
 

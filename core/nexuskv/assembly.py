@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from nexuskv.cel import plugin_functions
-from nexuskv.cluster.handoff import Handoffs
 from nexuskv.cluster.membership import Membership
 from nexuskv.contracts import CostProfile
 from nexuskv.contracts.config import KernelConfig, plugin_env
@@ -39,6 +38,7 @@ from nexuskv.policy.loader import Policies
 from nexuskv.state.identity import BlockKeyer, load_secret
 from nexuskv.state.index import Matcher
 from nexuskv.state.keys import Keys
+from nexuskv.storage.handoff import Handoffs
 from nexuskv.storage.hierarchy import Hierarchy
 from nexuskv.storage.prefetch import Prefetcher
 from nexuskv.storage.state_seal import StateSeal

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nexuskv.assembly import KernelParts
-from nexuskv.cluster.handoff import HandoffResult
 from nexuskv.contracts import Plan, Request, StateDescriptor, TensorSpec
 from nexuskv.contracts.config import KernelConfig
 from nexuskv.errors import ConfigError
@@ -31,6 +30,7 @@ from nexuskv.policy.loader import Policies
 from nexuskv.policy.serving.live import ReloadResult
 from nexuskv.state.identity import KeyChain
 from nexuskv.state.index import Match
+from nexuskv.storage.handoff import HandoffResult
 
 __all__ = ["CommitResult", "Kernel", "KernelConfig", "LoadReport", "Materialized"]
 
@@ -142,7 +142,7 @@ class Kernel(KernelParts):
 
         A prefill node returns it to the decode node (through a proxy); it names this node, its epoch, its peer
         address and tiers, and carries no key. None when this node holds none of the request, or serves no peer
-        transport. See `nexuskv.cluster.handoff`.
+        transport. See `nexuskv.storage.handoff`.
         """
         return self.handoffs.issue(request, self.keys(request) if keys is None else keys, blocks=blocks)
 

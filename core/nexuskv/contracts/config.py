@@ -94,7 +94,7 @@ class KernelConfig:
     breaker_threshold: int = 3
     breaker_cooldown_s: float = 5.0
     session_cache: int = 1024
-    # how long a prefill node's handoff grant stays usable (P/D disaggregation: nexuskv.cluster.handoff)
+    # how long a prefill node's handoff grant stays usable (P/D disaggregation: nexuskv.storage.handoff)
     handoff_ttl_s: float = field(default=60.0, validator=attrs.validators.gt(0))
     bandwidth_scale: dict[str, float] = field(factory=dict)
     links: dict[str, Any] = field(factory=dict)  # [links] measure = true (the default), decay = 0.9, min_samples = 8

@@ -315,7 +315,7 @@ class Hierarchy:
         the peer serves nothing of another namespace.
 
         The peer's address is what it published to the control plane, else what a live handoff grant from it
-        says (`nexuskv.cluster.handoff`). A payload that is missing, not the
+        says (`nexuskv.storage.handoff`). A payload that is missing, not the
         block's or fails its checksum loses the peer's entry in this node's index (nothing is deleted on the
         peer); a peer that cannot be reached raises (the caller's breaker counts it).
         """

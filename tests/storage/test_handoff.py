@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nexuskv import DictIndex, HandoffResult, Kernel, KernelConfig, Location, PlanAction, hookimpl
-from nexuskv.cluster.handoff import Handoffs
 from nexuskv.plugins.manager import PluginManager
+from nexuskv.storage.handoff import Handoffs
 from tests.conftest import SECRET, make_request, run_threads
 
 
