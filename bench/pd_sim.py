@@ -1,6 +1,6 @@
 """Prefill/decode disaggregation on the cluster simulator: aggregated, always-transfer and NexusKV's handoff.
 
-Run: `.venv/bin/python bench/pd_sim.py /work/shared/traces/mooncake_synthetic_trace.jsonl` (a few minutes here).
+Run: `.venv/bin/python bench/pd_sim.py ../shared/traces/mooncake_synthetic_trace.jsonl` (a few minutes here).
 
 The strategies (`nexuskv_sim.pd_routers`, the model in plugins/nexuskv-sim/README.md, "P/D disaggregation"):
 
@@ -38,7 +38,7 @@ from nexuskv_sim.pd import pd_summary, simulate_pd
 from nexuskv_sim.trace import generate, read_trace, write_trace
 
 RESULTS = ("sim.pd_nexuskv_mean_ttft_over_always_transfer_congested", "sim.pd_nexuskv_mean_ttft_over_always_transfer")
-TRACE = "/work/shared/traces/mooncake_synthetic_trace.jsonl"
+TRACE = str(Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl")
 STRATEGIES = ("aggregated", "always-transfer", "nexuskv", "nexuskv-handoff")
 
 

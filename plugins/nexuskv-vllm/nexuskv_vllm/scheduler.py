@@ -153,9 +153,18 @@ class SchedulerSide:
             keys, plan, local = got
             first = local // self.block
             count = num_external_tokens // self.block
+            plan = self._from(plan, first)
             self._loads[rid] = LoadSpec(rid, track.request, keys, plan, first, list(block_ids[0][first:first + count]),
                                         asynchronous=self.load_async,
                                         group_ids=self._load_ids(block_ids, first, first + count))  # fmt: skip
+
+    def _from(self, plan: Plan, first: int) -> Plan:
+        """`plan` without the blocks before `first` (vLLM's own cache holds them: they are not read, nor fetched)."""
+        start = first * self.block
+        if start <= 0 or not plan.spans or plan.spans[0].start >= start:
+            return plan
+        spans = [evolve(s, start=max(s.start, start)) for s in plan.spans if s.end > start]
+        return self.kernel.seal(evolve(plan, spans=spans, mac=""))
 
     # ------------------------------------------------------------------------------------------ one step
 

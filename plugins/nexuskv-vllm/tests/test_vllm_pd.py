@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.request
 
@@ -23,6 +24,7 @@ from nexuskv_vllm.testing import tokens as prompt
 
 from conftest import run_engine
 from nexuskv.testing.netns import NetNS
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -117,6 +119,20 @@ def test_the_pd_path_equals_one_engine_alone_and_moves_the_state(pd, workdir, mo
     stats = proxy_stats(pd)
     assert stats["proxy"]["pd"] == stats["proxy"]["grants"] == stats["engines"]["prefill-1"]["prefills"] == 4
     assert complete(pd["proxy"].url + "/v1/completions", None, body(pd, PROMPTS[0]))[0] == 401  # the gateway's
+    assert wait_for(lambda: counters(pd["consumer"]).get("pd_transfers", 0) >= 4, 30), counters(pd["consumer"])
+    got = counters(pd["consumer"])
+    assert got.get("pd_grants_accepted") == 4 and "pd_grants_refused" not in got
+    assert wait_for(lambda: counters(pd["producer"]).get("pd_grants_issued", 0) >= 4, 30)
+
+
+def counters(engine) -> dict[str, float]:
+    """The engine's `vllm:nexuskv_<name>_total` counters, summed over labels."""
+    with urllib.request.urlopen(engine.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for m in re.finditer(r"^vllm:nexuskv_(\w+)_total\{[^}]*\} ([0-9.e+]+)$", text, re.M):
+        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def proxy_stats(pd) -> dict:

@@ -68,3 +68,19 @@ def test_a_requests_keys_grow_with_its_decode_and_are_hashed_once(side):
         assert chain.keys is keys and chain.tokens == end * BLOCK and side._tracks["grow"].chain is chain
     side.finished(req)
     assert "grow" not in side._tracks
+
+
+def test_blocks_vllm_already_holds_are_neither_loaded_nor_fetched(side):
+    """vLLM's own prefix cache has the first two blocks: the load spec and its (resealed) plan start at block 2."""
+    toks = prompt(5 * BLOCK + 10, 90)
+    _commit_prefix(side, toks, "t", 5)
+    req = vllm_request("held", toks, "t")
+    assert side.matched(req, 2 * BLOCK) == 3 * BLOCK
+    side.allocated(req, [list(range(10, 16))], 3 * BLOCK)
+    spec = side._loads["held"]
+    assert spec.first == 2 and spec.block_ids == [12, 13, 14]
+    assert [(s.start, s.end) for s in spec.plan.spans] == [(2 * BLOCK, 5 * BLOCK)]
+    assert side.kernel.plan_seal.check(spec.plan) and spec.plan.tokens_reused == 5 * BLOCK
+    got = side.kernel.materialize(spec.plan, spec.request, keys=spec.keys)
+    assert got.complete and sorted(b for b, _ in got.states) == [2, 3, 4]  # blocks 0 and 1 were never read
+    side.finished(req)
