@@ -134,6 +134,11 @@ def refused(d, req, grant, fragment):
     (lambda g: g.update(epoch=True), "epoch"),
     (lambda g: g.update(node="x" * 300), "not a name"),
     (lambda g: g.update(runs=[[1, "dram", 1]] * 2000), "over 4096 bytes"),
+    (lambda g: g.update(mac="\u00e9" * 32), "MAC does not check"),  # compare_digest raises on non-ASCII
+    (lambda g: g.update(mac=g["mac"].upper()), "MAC does not check"),
+    (lambda g: g.update(expires=10**400), "not a time"),  # math.isfinite raises OverflowError
+    (lambda g: g.update(expires=-(10**400)), "not a time"),
+    (lambda g: g.update(runs=__import__("functools").reduce(lambda a, _: [a], range(5000), [])), "malformed"),
 ])  # fmt: skip
 def test_a_changed_or_malformed_grant_is_refused_with_the_reason(pd, change, fragment):
     p, d, _, req, _, _ = pd
@@ -254,3 +259,55 @@ def test_concurrent_accepts_and_expiries_match_a_reference():
     assert cons.live() == len(live)
     for i, (_, ks) in enumerate(keyed):
         assert (cons.index.get(ks[0]) is not None) == (i in live)
+
+
+def test_an_expiring_grant_never_removes_entries_it_did_not_add(pd):
+    """A block the index knew before the grant (a cluster index's entry, the same location) outlives the grant."""
+    p, _, _, req, keys, _ = pd
+    now = [1000.0]
+    index = DictIndex()
+    loc = Location("dram", "n-p", p.epoch)
+    index.insert(keys[0], loc, 1)  # learnt elsewhere, before any grant
+    prod = Handoffs(SECRET, "n-p", p.index, lambda: p.epoch, lambda: {"tcp": "inproc:n-p"}, "tcp", ttl_s=5,
+                    clock=lambda: now[0])  # fmt: skip
+    cons = Handoffs(SECRET, "n-d", index, lambda: 1, lambda: {}, "tcp", ttl_s=5, clock=lambda: now[0])
+    assert cons.accept(req, prod.issue(req, keys), keys).blocks == 8
+    assert cons.accept(req, prod.issue(req, keys, blocks=3), keys).blocks == 3  # vouches for 0-2 again
+    now[0] += 10
+    assert cons.live() == 0
+    assert index.get(keys[0]).at(loc) == 1 and all(index.get(k) is None for k in keys[1:])
+
+
+def test_many_grants_touch_only_their_own_blocks():
+    """4,200 grants of 16 blocks from one producer (4,096 kept), then all expire: each index entry is written once
+    and removed once (the bookkeeping is per block, never a scan of every live grant)."""
+    now = [0.0]
+    pidx, cidx = DictIndex(), DictIndex()
+    prod = Handoffs(SECRET, "n-p", pidx, lambda: 1, lambda: {"tcp": "a"}, "tcp", ttl_s=10, clock=lambda: now[0])
+    cons = Handoffs(SECRET, "n-d", cidx, lambda: 1, lambda: {}, "tcp", ttl_s=10, clock=lambda: now[0])
+    reqs = []
+    for i in range(4200):
+        req = make_request(range(64), request_id=f"r{i}", cache_salt=f"s{i}")
+        ks = [i.to_bytes(4, "big") + bytes([b]) * 12 for b in range(16)]
+        for k in ks:
+            pidx.insert(k, Location("dram", "n-p", 1), 1)
+        reqs.append((req, ks))
+    ops = {"insert": 0, "remove": 0}
+    real_insert, real_remove = cidx.insert, cidx.remove
+
+    def insert(*a, **k):
+        ops["insert"] += 1
+        return real_insert(*a, **k)
+
+    def remove(*a, **k):
+        ops["remove"] += 1
+        return real_remove(*a, **k)
+
+    cidx.insert, cidx.remove = insert, remove
+    for req, ks in reqs:
+        assert cons.accept(req, prod.issue(req, ks), ks).ok
+    assert cons.live() == 4096 and sum(cidx.holdings().values()) == 4096 * 16
+    assert ops == {"insert": 4200 * 16, "remove": 104 * 16}  # the oldest 104 dropped at the bound
+    now[0] += 11
+    assert cons.live() == 0 and sum(cidx.holdings().values()) == 0
+    assert ops == {"insert": 4200 * 16, "remove": 4200 * 16}

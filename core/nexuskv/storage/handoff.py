@@ -18,8 +18,10 @@ fails over to recompute.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import math
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -42,6 +44,7 @@ log = get_logger("nexuskv.handoff")
 GRANT_VERSION = 1
 MAX_GRANT_BYTES = 4096  # a grant's fields together (the proxy and the gateway bound the body anyway)
 MAX_NAME = 256
+MAC_FORM = re.compile(r"[0-9a-f]{32}")
 
 
 @frozen
@@ -73,9 +76,12 @@ class Handoffs:
         self.max_grants = max_grants
         self._clock = clock
         self._lock = threading.Lock()
-        # accepted grants, oldest first: (node, grant id) -> (expires, address, locations indexed)
-        self._grants: OrderedDict[tuple[str, str], tuple[float, str, list[tuple[bytes, Location, int]]]] = \
-            OrderedDict()  # fmt: skip
+        # accepted grants, oldest first: (node, grant id) -> (expires, address, the index entries it added)
+        self._grants: OrderedDict[tuple[str, str], tuple[float, str, list[tuple[bytes, Location]]]] = OrderedDict()
+        self._expiry: list[tuple[float, tuple[str, str]]] = []  # a heap of (expires, grant) (stale ones skipped)
+        # index entries grants added, with how many live grants vouch for each and the group bits they added; an
+        # entry that was in the index before (a cluster index's, this node's own) is never added, nor removed
+        self._added: dict[tuple[bytes, Location], list[int]] = {}  # -> [grants, mask added]
         self.counts = {"issued": 0, "accepted": 0, "refused": 0, "expired": 0}
 
     # ------------------------------------------------------------------------------------------ the MAC
@@ -131,7 +137,10 @@ class Handoffs:
 
     def accept(self, request: Request, grant: Any, keys: Sequence[bytes]) -> HandoffResult:
         """Check a grant against this request's own keys; index the producer's blocks for its lifetime if it holds."""
-        why, node = self._problem(request, grant, keys)
+        try:
+            why, node = self._problem(request, grant, keys)
+        except Exception as exc:  # anything a client can put in JSON is refused, never raised into a scheduler
+            why, node = f"a malformed grant ({type(exc).__name__})", ""
         if why:
             with self._lock:
                 self.counts["refused"] += 1
@@ -139,20 +148,30 @@ class Handoffs:
                         request_id=request.request_id, tenant=request.tenant, reason=why)  # fmt: skip
             return HandoffResult(0, node, why)
         runs, epoch = grant["runs"], int(grant["epoch"])
-        placed: list[tuple[bytes, Location, int]] = []
+        wanted: list[tuple[bytes, Location, int]] = []
         first = 0
         for end, tier, mask in runs:
             loc = Location(tier, node, epoch)
-            for b in range(first, end):
-                placed.append((keys[b], loc, mask))
+            wanted.extend((keys[b], loc, mask) for b in range(first, end))
             first = end
-        gid = grant["mac"]
+        gid, expires = grant["mac"], float(grant["expires"])
         with self._lock:
             self._purge(self._clock())
             if (node, gid) not in self._grants:
-                for key, loc, mask in placed:
-                    self.index.insert(key, loc, mask)
-                self._grants[(node, gid)] = (float(grant["expires"]), str(grant["address"]), placed)
+                vouched: list[tuple[bytes, Location]] = []
+                for key, loc, mask in wanted:
+                    mine = self._added.get((key, loc))
+                    if mine is None:
+                        held = self.index.get(key)
+                        new = mask & ~(held.at(loc) if held is not None else 0)
+                        if not new:
+                            continue  # in the index already, not through a grant: not ours to add or remove
+                        self.index.insert(key, loc, new)
+                        mine = self._added[(key, loc)] = [0, new]
+                    mine[0] += 1
+                    vouched.append((key, loc))
+                self._grants[(node, gid)] = (expires, str(grant["address"]), vouched)
+                heapq.heappush(self._expiry, (expires, (node, gid)))
                 while len(self._grants) > self.max_grants:
                     self._drop(self._grants.popitem(last=False)[1])
             self.counts["accepted"] += 1
@@ -183,7 +202,8 @@ class Handoffs:
         if not isinstance(grant["epoch"], int) or isinstance(grant["epoch"], bool) or grant["epoch"] < 0:
             return "the grant's epoch is not a non-negative integer", node
         expires = grant["expires"]
-        if not isinstance(expires, (int, float)) or isinstance(expires, bool) or not math.isfinite(expires):
+        if isinstance(expires, bool) or not ((isinstance(expires, float) and math.isfinite(expires))
+                                             or (isinstance(expires, int) and abs(expires) < 1 << 53)):
             return "the grant's expiry is not a time", node
         now = self._clock()
         if expires <= now:
@@ -208,7 +228,8 @@ class Handoffs:
                 return f"group mask {mask:b} is not this layout's", node
             first = end
         mac = grant["mac"]
-        if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac(grant, request, keys[first - 1])):
+        if not isinstance(mac, str) or not MAC_FORM.fullmatch(mac) or \
+                not hmac.compare_digest(mac, self._mac(grant, request, keys[first - 1])):  # fmt: skip
             return "the grant's MAC does not check (changed, forged, or for another request, tenant or model)", node
         return "", node
 
@@ -232,15 +253,25 @@ class Handoffs:
             return len(self._grants)
 
     def _purge(self, now: float) -> None:
-        """Forget expired grants and the index entries they made (under the lock)."""
-        gone = [k for k, (expires, _, _) in self._grants.items() if expires <= now]
-        for k in gone:
-            self._drop(self._grants.pop(k))
-            self.counts["expired"] += 1
+        """Forget expired grants and the index entries only they vouched for (under the lock; O(expired))."""
+        while self._expiry and self._expiry[0][0] <= now:
+            expires, gid = heapq.heappop(self._expiry)
+            entry = self._grants.get(gid)
+            if entry is not None and entry[0] == expires:
+                del self._grants[gid]
+                self._drop(entry)
+                self.counts["expired"] += 1
+        if len(self._expiry) > 4 * max(self.max_grants, len(self._grants)):  # bounded: dropped grants' leftovers
+            self._expiry = [(e, g) for e, g in self._expiry if g in self._grants]
+            heapq.heapify(self._expiry)
 
-    def _drop(self, entry: tuple[float, str, list[tuple[bytes, Location, int]]]) -> None:
-        node = entry[2][0][1].node if entry[2] else ""
-        held = {(k, loc) for (peer, _), g in self._grants.items() if peer == node for k, loc, _ in g[2]}
-        for key, loc, mask in entry[2]:
-            if (key, loc) not in held:  # another live grant still vouches for this block
-                self.index.remove(key, loc, mask)
+    def _drop(self, entry: tuple[float, str, list[tuple[bytes, Location]]]) -> None:
+        """Release a grant's index entries: each goes when no other live grant vouches for it (O(its blocks))."""
+        for pair in entry[2]:
+            mine = self._added.get(pair)
+            if mine is None:
+                continue
+            mine[0] -= 1
+            if mine[0] <= 0:
+                del self._added[pair]
+                self.index.remove(pair[0], pair[1], mine[1])

@@ -37,7 +37,7 @@ from typing import Any
 
 from nexuskv import ConfigError, get_logger
 from nexuskv_vllm.gateway_keys import Caller, KeysFile, key_digest, tenant_salt
-from nexuskv_vllm.roles import HANDOFF_FIELD
+from nexuskv_vllm.roles import GRANT_MAX_BYTES, HANDOFF_FIELD
 
 __all__ = ["OPEN_GET", "REFUSED_PREFIXES", "TENANT_GET", "TENANT_POST", "Caller", "KeysFile", "TenantGateway",
            "key_digest", "tenant_salt"]  # fmt: skip
@@ -138,6 +138,8 @@ class TenantGateway:
             return
         theirs = data.pop("kv_transfer_params", None)
         grant = theirs.get(HANDOFF_FIELD) if isinstance(theirs, dict) else None  # sealed: checked by the engine
+        if grant is not None and (not isinstance(grant, dict) or len(json.dumps(grant)) > GRANT_MAX_BYTES):
+            grant = None  # not a grant any engine issues: dropped here, never parsed there
         dropped = theirs is not None and (grant is None or set(theirs) != {HANDOFF_FIELD})
         client_salt = data.pop("cache_salt", None)
         if path not in STRIP_ONLY:

@@ -14,13 +14,16 @@ Failures, each ending in an answer or a clean error, never a hung client:
   returned as is;
 - the decode engine cannot be reached or answers 5xx before sending anything: the request goes, without a grant,
   to another engine (the prefill engine included), which does both;
+- a batch of prompts, or `n` > 1: no P/D, one engine does the whole request (a grant is for one prompt);
 - the decode engine dies mid-stream: a streamed answer ends with an SSE `error` event and `[DONE]`, an unstreamed
   one is a 502; a client that goes away closes the upstream stream.
-An engine that failed is left out of routes for `cooldown_s`. Request bodies are bounded (`max_body_bytes`: 413).
+An engine that failed is left out of routes for `cooldown_s`. Request bodies are bounded (`max_body_bytes`: 413)
+and read within `body_timeout_s` (408); `min_tokens` is not sent to the prefill engine (it answers one token).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -80,13 +83,14 @@ class PDProxy:
 
     def __init__(self, prefill: Sequence[Engine], decode: Sequence[Engine], *, kernel: Kernel | None = None,
                  prefill_timeout_s: float = 60.0, decode_timeout_s: float = 600.0, cooldown_s: float = 5.0,
-                 max_body_bytes: int = 8 << 20, page_size: int = 128) -> None:  # fmt: skip
+                 max_body_bytes: int = 8 << 20, body_timeout_s: float = 30.0,
+                 page_size: int = 128) -> None:  # fmt: skip
         if not prefill or not decode:
             raise ValueError("the P/D proxy needs at least one prefill and one decode engine")
         self.prefill, self.decode = list(prefill), list(decode)
         self.kernel = kernel or Kernel(KernelConfig(node="pd-proxy", page_size=page_size))
         self.prefill_timeout_s, self.decode_timeout_s = prefill_timeout_s, decode_timeout_s
-        self.cooldown_s, self.max_body_bytes = cooldown_s, max_body_bytes
+        self.cooldown_s, self.max_body_bytes, self.body_timeout_s = cooldown_s, max_body_bytes, body_timeout_s
         # the route's plans price queues and prefill; the proxy holds no state, so a one-layer layout stands in
         self.layout = Layout(groups=(StateGroup(kind="dense", layers=1, kv_heads=1, head_dim=1),),
                              page_size=self.kernel.config.page_size)  # fmt: skip
@@ -129,16 +133,25 @@ class PDProxy:
 
     # ------------------------------------------------------------------------------------------ the request
 
-    async def handle(self, http: HttpRequest) -> Response:
-        body = b""
+    async def _body(self, http: HttpRequest) -> bytes | Response:
+        body = bytearray()
         async for chunk in http.stream():
             body += chunk
             if len(body) > self.max_body_bytes:
                 return _error(413, f"body over {self.max_body_bytes} bytes")
+        return bytes(body)
+
+    async def handle(self, http: HttpRequest) -> Response:
+        try:
+            body = await asyncio.wait_for(self._body(http), self.body_timeout_s)
+        except TimeoutError:
+            return _error(408, f"the body was not read in {self.body_timeout_s} s")
+        if isinstance(body, Response):
+            return body
         try:
             data = json.loads(body or b"{}")
-        except ValueError as exc:
-            return _error(400, f"the body is not JSON: {exc}"[:300])
+        except (ValueError, RecursionError) as exc:
+            return _error(400, f"the body is not JSON: {type(exc).__name__}: {exc}"[:300])
         if not isinstance(data, dict):
             return _error(400, "the body must be a JSON object")
         path = http.url.path
@@ -147,7 +160,7 @@ class PDProxy:
         tokens = prompt if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) else \
             range(max(1, len(json.dumps(data.get("messages", prompt))) // 4))  # fmt: skip (text: a length estimate)
         model = str(data.get("model", ""))
-        p = self._pick(self.prefill, tokens, model)
+        p = self._pick(self.prefill, tokens, model) if _single(data) else None  # a batch: one engine does all
         d = self._pick(self.decode, tokens, model)
         grant = None
         if p is not None and d is not None:
@@ -159,7 +172,8 @@ class PDProxy:
                 early = None
             if early is not None:  # the client's own error (4xx): returned as is
                 return early
-        if d is None:
+        if d is None:  # every decode engine failed lately: one engine does the whole request
+            self.stats["fallback_decode"] += 1
             d = self._pick([*self.decode, *self.prefill], tokens, model)
             if d is None:
                 return _error(503, "no engine is up")
@@ -168,7 +182,8 @@ class PDProxy:
     async def _prefill(self, p: Engine, path: str, data: dict[str, Any], headers: dict[str, str],
                        n: int) -> tuple[dict[str, Any] | None, Response | None]:  # fmt: skip
         """Prefill on `p`: (its grant or None, a response to return to the client as is, or None)."""
-        pre = {k: v for k, v in data.items() if k not in ("stream", "stream_options", "kv_transfer_params")}
+        pre = {k: v for k, v in data.items() if k not in ("stream", "stream_options", "kv_transfer_params",
+                                                          "min_tokens", "min_completion_tokens")}  # fmt: skip
         pre["max_tokens"] = 1
         if "max_completion_tokens" in pre:
             pre["max_completion_tokens"] = 1
@@ -290,6 +305,13 @@ class PDProxy:
 
     async def stats_route(self, http: HttpRequest) -> Response:
         return JSONResponse({"proxy": self.stats, "engines": {e.node: e.served for e in [*self.prefill, *self.decode]}})
+
+
+def _single(data: dict[str, Any]) -> bool:
+    """One prompt, one answer: a prefill engine's grant is for exactly this request (a batch or `n` > 1: not)."""
+    prompt = data.get("prompt")
+    batch = isinstance(prompt, list) and bool(prompt) and not all(isinstance(t, int) for t in prompt)
+    return not batch and data.get("n", 1) in (1, None) and data.get("best_of", 1) in (1, None)
 
 
 def _error(status: int, message: str) -> Response:

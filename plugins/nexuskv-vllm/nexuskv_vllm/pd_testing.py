@@ -10,6 +10,7 @@ with a keys file, the tenant gateway; it can be killed, frozen (SIGSTOP) and wok
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,31 +75,39 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
 
 
 class _Process:
+    """A process started in a session of its own: signals go to its whole group.
+
+    `vllm serve` runs its engine core in a child process, which holds the kernel, its tiers and its TCP server.
+    """
+
     proc: subprocess.Popen[bytes]
     log: Path
 
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
+        self._signal(signal.SIGKILL)
+        self.proc.wait(30)
 
     def pause(self) -> None:
-        self.proc.send_signal(signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
-        self.proc.send_signal(signal.SIGCONT)
+        self._signal(signal.SIGCONT)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(60)
+        self._signal(signal.SIGKILL)  # whatever of the group is left (an engine core past its parent)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -114,8 +123,9 @@ class Served(_Process):
 
     def __init__(self, model: Path, log: Path, *, kv_transfer_config: dict[str, Any] | None, host: str = "127.0.0.1",
                  keys_file: Path | None = None, prefix: Sequence[str] = (), gpu_blocks: int | None = None,
-                 env: dict[str, str] | None = None, executor: str = "uni") -> None:  # fmt: skip
-        self.host, self.port, self.log = host, free_port("127.0.0.1"), log
+                 env: dict[str, str] | None = None, executor: str = "uni",
+                 port: int | None = None) -> None:  # fmt: skip
+        self.host, self.port, self.log = host, port or free_port("127.0.0.1"), log
         cmd = [*prefix, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--host", host, "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
                "--max-model-len", "4096", "--seed", "0", "--distributed-executor-backend", executor]  # fmt: skip
@@ -131,8 +141,9 @@ class Served(_Process):
         if keys_file is not None:
             full_env["NEXUSKV_GATEWAY_KEYS"] = str(keys_file)
         full_env |= env or {}
-        with log.open("w") as out:
-            self.proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        with log.open("a") as out:  # a restart on the same port appends to the same log
+            self.proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         self.url = f"http://{host}:{self.port}"
 
     def wait(self, timeout_s: float = 600.0) -> Served:
@@ -154,7 +165,7 @@ class Proxy(_Process):
         for node, url in decode:
             cmd += ["--decode", f"{node}={url}"]
         with log.open("w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait(self, timeout_s: float = 60.0) -> Proxy:

@@ -21,7 +21,7 @@ from typing import Any
 
 from nexuskv import Kernel, Plan, PlanAction, Request, get_logger
 
-__all__ = ["HANDOFF_FIELD", "ROLES", "Role"]
+__all__ = ["GRANT_MAX_BYTES", "HANDOFF_FIELD", "ROLES", "Role"]
 
 log = get_logger(__name__)
 
@@ -29,6 +29,7 @@ ROLES = ("kv_both", "kv_producer", "kv_consumer")
 HANDOFF_FIELD = "nexuskv_handoff"
 """The key of a grant in `kv_transfer_params` (a producer's answer, a consumer's request)."""
 PRODUCER_REPORT_WAIT_MS = 2000.0
+GRANT_MAX_BYTES = 4096  # a grant's JSON; the kernel refuses larger ones anyway, the gateway drops them first
 
 
 class Role:
@@ -46,6 +47,7 @@ class Role:
         self.stats = {"pd_grants_issued": 0, "pd_grants_accepted": 0, "pd_grants_refused": 0, "pd_transfers": 0,
                       "pd_recomputes": 0}  # fmt: skip
         self._granted: set[str] = set()  # requests with an accepted grant whose plan is not decided yet
+        self._seen: set[str] = set()  # live requests whose grant was looked at (a preempted one is planned again)
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -57,9 +59,16 @@ class Role:
             return
         params = getattr(req, "kv_transfer_params", None)
         grant = params.get(HANDOFF_FIELD) if isinstance(params, dict) else None
-        if grant is None:
+        with self._lock:
+            if grant is None or request.request_id in self._seen:
+                return
+            self._seen.add(request.request_id)
+        try:
+            got = self.kernel.accept_handoff(request, grant, keys=keys)
+        except Exception as exc:  # never fail vLLM's scheduler over a grant: the request recomputes
+            log.warning("handoff not accepted; recompute", request_id=request.request_id, error=repr(exc))
+            self._count("pd_grants_refused")
             return
-        got = self.kernel.accept_handoff(request, grant, keys=keys)
         self._count("pd_grants_accepted" if got.ok else "pd_grants_refused")
         if got.ok:
             with self._lock:
@@ -92,3 +101,4 @@ class Role:
     def forget(self, request_id: str) -> None:
         with self._lock:
             self._granted.discard(request_id)
+            self._seen.discard(request_id)

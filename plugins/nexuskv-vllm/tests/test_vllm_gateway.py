@@ -89,6 +89,21 @@ def test_the_key_decides_the_tenant_and_the_clients_own_params_are_dropped(keys)
     assert status == 200 and body["kv_transfer_params"] == {"tenant": "globex"}
 
 
+def test_a_sealed_grant_is_kept_and_nothing_else_a_client_says_about_state(keys, monkeypatch):
+    """A P/D proxy's `nexuskv_handoff` passes (the engine checks it); anything else in the params, a grant that is
+    not an object, or one larger than any engine issues, is dropped here."""
+    grant = {"v": 1, "node": "prefill-1", "mac": "0" * 32}
+    cases = [({"nexuskv_handoff": grant}, grant), ({"nexuskv_handoff": grant, "tenant": "globex"}, grant),
+             ({"nexuskv_handoff": "x"}, None), ({"nexuskv_handoff": [grant]}, None),
+             ({"nexuskv_handoff": {"pad": "x" * 300}}, None)]  # fmt: skip
+    monkeypatch.setattr("nexuskv_vllm.gateway.GRANT_MAX_BYTES", 200)  # under this fixture's body bound
+    for params, kept in cases:
+        body_in = _chat(kv_transfer_params=params)
+        status, body = _call(keys, "/v1/completions", body_in, {"authorization": "Bearer key-a"})
+        want = {"tenant": "acme", "scope": "support", **({"nexuskv_handoff": kept} if kept else {})}
+        assert status == 200 and body["kv_transfer_params"] == want, params
+
+
 def test_the_tenant_salts_vllms_own_prefix_cache_and_a_client_cannot_pick_anothers_salt(keys):
     """vLLM's prefix cache keys blocks by tokens and salt: the gateway makes the salt the tenant's."""
     _, a = _call(keys, "/v1/chat/completions", _chat(), {"authorization": "Bearer key-a"})

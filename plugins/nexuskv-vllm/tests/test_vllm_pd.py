@@ -47,21 +47,23 @@ def pd(workdir, model_dir, kernel_toml):
     producer = Served(model_dir, root / "prefill.log", host=host, keys_file=keys, prefix=ns.prefix() if ns else (),
                       kv_transfer_config=connector_config(p_toml, tenant=None) | {"kv_role": "kv_producer"},
                       env={"NEXUSKV_DEADLINE_MS": "10000"})  # fmt: skip
-    consumer = Served(model_dir, root / "decode.log", keys_file=keys,
+    def start_consumer(port: int | None = None) -> Served:
+        return Served(model_dir, root / "decode.log", keys_file=keys, port=port,
                       kv_transfer_config=connector_config(d_toml, tenant=None) | {"kv_role": "kv_consumer"},
                       env={"NEXUSKV_DEADLINE_MS": "10000"})  # fmt: skip
-    proxy = None
+
+    state = {"producer": producer, "consumer": start_consumer(), "proxy": None, "ns": ns, "why_no_ns": why,
+             "model": str(model_dir), "root": root, "start_consumer": start_consumer}  # fmt: skip
     try:
         producer.wait()
-        consumer.wait()
-        proxy = Proxy([("prefill-1", producer.url)], [("decode-1", consumer.url)], root / "proxy.log",
-                      prefill_timeout_s=30.0, cooldown_s=2.0).wait()  # fmt: skip
-        yield {"producer": producer, "consumer": consumer, "proxy": proxy, "ns": ns, "why_no_ns": why,
-               "model": str(model_dir), "root": root}  # fmt: skip
+        state["consumer"].wait()
+        state["proxy"] = Proxy([("prefill-1", producer.url)], [("decode-1", state["consumer"].url)],
+                               root / "proxy.log", prefill_timeout_s=30.0, cooldown_s=2.0).wait()  # fmt: skip
+        yield state
     finally:
-        for proc in (proxy, consumer, producer):
-            if proc is not None:
-                proc.close()
+        for name in ("proxy", "consumer", "producer"):  # the consumer may have been restarted: the live one
+            if state[name] is not None:
+                state[name].close()
         if ns is not None:
             ns.close()
 
@@ -168,6 +170,22 @@ def test_a_corrupt_payload_on_the_producer_means_recompute_with_the_right_answer
     assert status == 200 and got["choices"][0]["token_ids"] == reference(workdir, model_dir, [ids])[0]
 
 
+def test_a_hung_prefill_engine_after_its_answer_means_recompute_in_bounded_time(pd, workdir, model_dir):
+    ids = prompt(1000, 110)
+    grant = by_hand(pd, ids)
+    pd["producer"].pause()  # the transfer hangs: its server takes the connection and never answers
+    try:
+        t0 = time.monotonic()
+        status, got = decode(pd, ids, grant)
+        took = time.monotonic() - t0
+    finally:
+        pd["producer"].resume()
+    assert status == 200 and got["choices"][0]["token_ids"] == reference(workdir, model_dir, [ids])[0]
+    assert decisions(pd)[-1]["decision"] == "transfer"  # it tried: the producer hung under the fetch
+    assert "timed out" in pd["consumer"].log_text().rsplit("P/D decision", 1)[1]
+    assert took < 30, took  # the load gave up (load_timeout_ms) instead of holding the request
+
+
 def test_a_shaped_link_makes_the_decode_engine_recompute_by_its_measured_estimate(pd):
     if pd["ns"] is None:
         pytest.skip(f"no shaped link here: {pd['why_no_ns']}")
@@ -185,18 +203,25 @@ def test_a_shaped_link_makes_the_decode_engine_recompute_by_its_measured_estimat
     assert any("recompute" in r or "gain" in r for r in made[1]["reasons"]), made[1]
 
 
-def test_a_hung_prefill_engine_after_its_answer_means_recompute_in_bounded_time(pd, workdir, model_dir):
-    ids = prompt(1000, 110)
-    grant = by_hand(pd, ids)
-    pd["producer"].pause()  # the transfer hangs: its server takes the connection and never answers
-    try:
-        t0 = time.monotonic()
-        status, got = decode(pd, ids, grant)
-        took = time.monotonic() - t0
-    finally:
-        pd["producer"].resume()
+def test_a_decode_engine_killed_mid_answer_ends_the_stream_with_an_error_not_a_hang(pd, workdir, model_dir):
+    t0 = time.monotonic()
+    status, _, events = stream_complete(pd["proxy"].url + "/v1/completions", KEY,
+                                        body(pd, prompt(300, 130), max_tokens=2000, ignore_eos=True),
+                                        on_first=pd["consumer"].kill)  # fmt: skip
+    assert status == 200 and time.monotonic() - t0 < 60
+    assert any("error" in e for e in events) and events[-1] == {"done": True}, events[-3:]
+    # the decode engine is dead before it answers the next request (past the proxy's cooldown, so the proxy tries
+    # it and gets a refused connection): the prefill engine does both
+    time.sleep(2.5)
+    ids = prompt(1000, 131)
+    status, got = complete(pd["proxy"].url + "/v1/completions", KEY, body(pd, ids), timeout_s=120)
     assert status == 200 and got["choices"][0]["token_ids"] == reference(workdir, model_dir, [ids])[0]
-    assert took < 30, took  # the load gave up (load_timeout_ms) instead of holding the request
+    stats = proxy_stats(pd)
+    assert stats["proxy"]["broken_streams"] == 1 and stats["proxy"]["fallback_decode"] >= 1
+    assert stats["engines"]["prefill-1"]["both"] >= 1
+    old = pd["consumer"]
+    pd["consumer"] = pd["start_consumer"](old.port).wait()  # back on its port, its link estimates fresh
+    time.sleep(2.5)  # past the proxy's cooldown for it
 
 
 def test_a_killed_prefill_engine_means_recompute_and_then_the_decode_engine_does_both(pd, workdir, model_dir):
@@ -204,6 +229,7 @@ def test_a_killed_prefill_engine_means_recompute_and_then_the_decode_engine_does
     grant = by_hand(pd, ids)
     pd["producer"].kill()
     status, got = decode(pd, ids, grant)
+    assert decisions(pd)[-1]["decision"] == "transfer"  # a fresh decode engine tried the dead producer
     status2, got2 = complete(pd["proxy"].url + "/v1/completions", KEY, body(pd, later))  # prefill fails over
     assert (status, status2) == (200, 200), got2
     assert [got["choices"][0]["token_ids"], got2["choices"][0]["token_ids"]] == \
@@ -212,12 +238,9 @@ def test_a_killed_prefill_engine_means_recompute_and_then_the_decode_engine_does
     assert stats["proxy"]["fallback_prefill"] >= 1 and stats["engines"]["decode-1"]["both"] >= 1
 
 
-def test_a_decode_engine_killed_mid_answer_ends_the_stream_with_an_error_not_a_hang(pd):
+def test_every_engine_gone_is_a_clean_error_at_once(pd):
+    pd["consumer"].kill()
+    assert not pd["producer"].alive() and not pd["consumer"].alive()
     t0 = time.monotonic()
-    status, _, events = stream_complete(pd["proxy"].url + "/v1/completions", KEY,
-                                        body(pd, prompt(300, 130), max_tokens=2000, ignore_eos=True),
-                                        on_first=pd["consumer"].kill)  # fmt: skip
-    assert status == 200 and time.monotonic() - t0 < 60
-    assert any("error" in e for e in events) and events[-1] == {"done": True}, events[-3:]
-    status, got = complete(pd["proxy"].url + "/v1/completions", KEY, body(pd, prompt(300, 131)), timeout_s=60)
-    assert status in (502, 503) and got["error"]["type"] == "pd_proxy_error"  # both engines gone: a clean error
+    status, got = complete(pd["proxy"].url + "/v1/completions", KEY, body(pd, prompt(300, 140)), timeout_s=60)
+    assert status in (502, 503) and got["error"]["type"] == "pd_proxy_error" and time.monotonic() - t0 < 30
