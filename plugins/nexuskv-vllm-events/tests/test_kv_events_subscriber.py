@@ -295,11 +295,21 @@ def test_nothing_is_claimed_once_close_returns_even_mid_replay(ipc):
 def test_a_bound_subscriber_survives_publishers_that_come_and_go():
     """Bind mode: a publisher (an engine restarting, or any local process) connecting and leaving never stops it."""
     with router() as k:
-        probe = zmq.Context.instance().socket(zmq.SUB)
-        probe.bind("tcp://127.0.0.1:0")
-        endpoint = probe.getsockopt_string(zmq.LAST_ENDPOINT)
-        probe.close(0)
-        with KVEventSubscriber(residency(k), endpoint=endpoint, bind=True) as sub:
+        for _ in range(5):  # a free port, found by a probe; the probe's close is asynchronous, so it may linger
+            probe = zmq.Context.instance().socket(zmq.SUB)
+            probe.bind("tcp://127.0.0.1:0")
+            endpoint = probe.getsockopt_string(zmq.LAST_ENDPOINT)
+            probe.close(0)
+            sub = KVEventSubscriber(residency(k), endpoint=endpoint, bind=True)
+            try:
+                sub.start()
+                break
+            except ConfigError as exc:
+                if "Address already in use" not in str(exc):
+                    raise
+        else:
+            pytest.fail("no free port could be bound in five tries")
+        try:
             for round_ in range(3):
                 pub = zmq.Context.instance().socket(zmq.PUB)
                 pub.setsockopt(zmq.LINGER, 0)
@@ -310,3 +320,5 @@ def test_a_bound_subscriber_survives_publishers_that_come_and_go():
                 pub.close(0)
                 assert wait_for(lambda r=round_: sub.stats()["disconnects"] > r)
             assert sub.stats()["alive"]
+        finally:
+            sub.close()
