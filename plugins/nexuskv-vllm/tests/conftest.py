@@ -118,3 +118,16 @@ def vllm_request(rid: str, tokens: list[int], tenant: str | None):
 
     extra = {"kv_transfer_params": {"tenant": tenant}} if tenant else None
     return Request(rid, list(tokens), SamplingParams(max_tokens=512, extra_args=extra), None)
+
+
+def prom_counters(base_url: str, prefix: str = "vllm:nexuskv_") -> dict[str, float]:
+    """A `vllm serve`'s `/metrics` counters named `<prefix><name>_total`, summed over labels, by name."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for m in re.finditer(rf"^{re.escape(prefix)}(\w+)_total\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M):
+        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import urllib.request
 
 import pytest
 from nexuskv_vllm.gateway import key_digest
-from nexuskv_vllm.pd_testing import Proxy, Served, complete, pd_kernel_toml, stream_complete
+from nexuskv_vllm.pd_testing import Proxy, Served, complete, pd_decisions, pd_kernel_toml, stream_complete
 from nexuskv_vllm.testing import connector_config
 from nexuskv_vllm.testing import tokens as prompt
 
-from conftest import run_engine
+from conftest import prom_counters, run_engine
 from nexuskv.testing.netns import NetNS
 from tests.conftest import wait_for
 
@@ -75,12 +74,7 @@ def body(pd, ids: list[int], max_tokens: int = 8, **extra) -> dict:
 
 def decisions(pd) -> list[dict]:
     """The decode engine's `P/D decision` log lines, in order."""
-    out = []
-    for line in pd["consumer"].log_text().splitlines():
-        start = line.find("{")
-        if start >= 0 and '"P/D decision"' in line:
-            out.append(json.loads(line[start:]))
-    return out
+    return pd_decisions(pd["consumer"].log_text())
 
 
 def reference(workdir, model_dir, prompts: list[list[int]], max_tokens: int = 8) -> list[list[int]]:
@@ -121,20 +115,11 @@ def test_the_pd_path_equals_one_engine_alone_and_moves_the_state(pd, workdir, mo
     stats = proxy_stats(pd)
     assert stats["proxy"]["pd"] == stats["proxy"]["grants"] == stats["engines"]["prefill-1"]["prefills"] == 4
     assert complete(pd["proxy"].url + "/v1/completions", None, body(pd, PROMPTS[0]))[0] == 401  # the gateway's
-    assert wait_for(lambda: counters(pd["consumer"]).get("pd_transfers", 0) >= 4, 30), counters(pd["consumer"])
-    got = counters(pd["consumer"])
+    consumer = pd["consumer"].url
+    assert wait_for(lambda: prom_counters(consumer).get("pd_transfers", 0) >= 4, 30), prom_counters(consumer)
+    got = prom_counters(consumer)
     assert got.get("pd_grants_accepted") == 4 and "pd_grants_refused" not in got
-    assert wait_for(lambda: counters(pd["producer"]).get("pd_grants_issued", 0) >= 4, 30)
-
-
-def counters(engine) -> dict[str, float]:
-    """The engine's `vllm:nexuskv_<name>_total` counters, summed over labels."""
-    with urllib.request.urlopen(engine.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for m in re.finditer(r"^vllm:nexuskv_(\w+)_total\{[^}]*\} ([0-9.e+]+)$", text, re.M):
-        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-    return out
+    assert wait_for(lambda: prom_counters(pd["producer"].url).get("pd_grants_issued", 0) >= 4, 30)
 
 
 def proxy_stats(pd) -> dict:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,21 +22,16 @@ import urllib.request
 
 import pytest
 from nexuskv_vllm.gateway import key_digest
+from nexuskv_vllm.pd_testing import free_port
 from nexuskv_vllm.testing import connector_config
 from nexuskv_vllm.testing import tokens as prompt
 
-from conftest import run_engine
+from conftest import prom_counters, run_engine
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
 KEYS = {"key-a": "acme", "key-b": "globex"}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _words(ids: list[int]) -> str:
@@ -87,7 +80,7 @@ def server(workdir, model_dir, kernel_toml):
                     + f'[keys.{key_digest("key-ops")}]\ntenant = "ops"\nadmin = true\n')  # fmt: skip
     template = workdir / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
-    port = _port()
+    port = free_port()
     sockets = tempfile.mkdtemp(prefix="kvev", dir="/tmp")  # ipc paths must be short; the publisher binds them
     events, replay = f"ipc://{sockets}/events", f"ipc://{sockets}/replay"
     kv = connector_config(workdir / "kernel-serve.toml", tenant=None)  # no default: the gateway names every tenant
@@ -145,13 +138,7 @@ def _chat(server, key: str, contents: list[str], **extra) -> tuple[int, dict]:
 
 
 def _counters(server, prefix: str = "vllm:nexuskv_") -> dict[str, float]:
-    """`/metrics` counters named `<prefix><name>_total`, summed over labels, by name."""
-    with urllib.request.urlopen(f"{server['base']}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for m in re.finditer(rf"^{re.escape(prefix)}(\w+)_total\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M):
-        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-    return out
+    return prom_counters(server["base"], prefix)
 
 
 def _reset_vllm_cache(server) -> None:
