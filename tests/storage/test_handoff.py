@@ -303,3 +303,19 @@ def test_many_grants_touch_only_their_own_blocks():
     now[0] += 11
     assert cons.live() == 0 and sum(cidx.holdings().values()) == 0
     assert ops == {"insert": 4200 * 16, "remove": 4200 * 16}
+
+
+def test_a_replayed_older_grant_does_not_redirect_fetches_to_its_address(pd):
+    """A tenant keeps a grant from before the producer restarted on another port and replays it after a fresh one:
+    the directory keeps the address of the grant that expires last."""
+    p, _, _, req, keys, _ = pd
+    now = [1000.0]
+    where = {"tcp": "10.0.0.5:40001"}
+    prod = Handoffs(SECRET, "n-p", p.index, lambda: 1, lambda: where, "tcp", ttl_s=60, clock=lambda: now[0])
+    cons = Handoffs(SECRET, "n-d", DictIndex(), lambda: 1, lambda: {}, "tcp", ttl_s=60, clock=lambda: now[0])
+    old = prod.issue(req, keys)
+    now[0] += 20
+    where["tcp"] = "10.0.0.5:40777"  # restarted on a new port (the embedded plane's epoch is 1 again)
+    assert cons.accept(req, prod.issue(req, keys), keys).ok
+    assert cons.accept(req, old, keys).ok  # still unexpired, MAC good: accepted, but not the address to use
+    assert cons.address("n-p", "tcp") == "10.0.0.5:40777"

@@ -236,15 +236,17 @@ class Handoffs:
     # ------------------------------------------------------------------------------------------ the directory
 
     def address(self, node: str, transport: str) -> str | None:
-        """The address of peer `node` on `transport` from a live accepted grant (None: none is live)."""
+        """The address of peer `node` on `transport` from its live grant that expires last (None: none is live).
+
+        The newest grant, not the last accepted: a tenant replaying a grant the producer issued before it restarted
+        on another port (within that grant's lifetime) cannot point everyone's fetches at the old address.
+        """
         if transport != self.remote:
             return None
         with self._lock:
             self._purge(self._clock())
-            for (peer, _), (_, address, _) in reversed(self._grants.items()):
-                if peer == node:
-                    return address
-        return None
+            live = [(expires, address) for (peer, _), (expires, address, _) in self._grants.items() if peer == node]
+        return max(live)[1] if live else None
 
     def live(self) -> int:
         """Accepted grants not yet expired."""

@@ -95,8 +95,9 @@ class PDProxy:
         self.layout = Layout(groups=(StateGroup(kind="dense", layers=1, kv_heads=1, head_dim=1),),
                              page_size=self.kernel.config.page_size)  # fmt: skip
         self.stats = {"pd": 0, "fallback_prefill": 0, "fallback_decode": 0, "broken_streams": 0, "grants": 0}
+        # trust_env off: an HTTP(S)_PROXY in the environment must not divert tenants' keys and prompts
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(decode_timeout_s, connect=5.0),
-                                        limits=httpx.Limits(max_connections=256))  # fmt: skip
+                                        limits=httpx.Limits(max_connections=256), trust_env=False)  # fmt: skip
         routes = [Route(p, self.handle, methods=["POST"]) for p in ROUTES]
         routes += [Route("/health", self.health, methods=["GET"]), Route("/v1/models", self.models, methods=["GET"]),
                    Route("/pd/stats", self.stats_route, methods=["GET"])]  # fmt: skip
