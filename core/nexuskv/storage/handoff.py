@@ -82,6 +82,7 @@ class Handoffs:
         # index entries grants added, with how many live grants vouch for each and the group bits they added; an
         # entry that was in the index before (a cluster index's, this node's own) is never added, nor removed
         self._added: dict[tuple[bytes, Location], list[int]] = {}  # -> [grants, mask added]
+        self._newest: dict[str, tuple[float, str, str]] = {}  # node -> (expires, address, grant id) expiring last
         self.counts = {"issued": 0, "accepted": 0, "refused": 0, "expired": 0}
 
     # ------------------------------------------------------------------------------------------ the MAC
@@ -171,6 +172,9 @@ class Handoffs:
                     mine[0] += 1
                     vouched.append((key, loc))
                 self._grants[(node, gid)] = (expires, str(grant["address"]), vouched)
+                newest = (expires, str(grant["address"]), gid)
+                if node not in self._newest or newest > self._newest[node]:
+                    self._newest[node] = newest
                 heapq.heappush(self._expiry, (expires, (node, gid)))
                 while len(self._grants) > self.max_grants:
                     self._drop(self._grants.popitem(last=False)[1])
@@ -245,8 +249,15 @@ class Handoffs:
             return None
         with self._lock:
             self._purge(self._clock())
-            live = [(expires, address) for (peer, _), (expires, address, _) in self._grants.items() if peer == node]
-        return max(live)[1] if live else None
+            newest = self._newest.get(node)
+            if newest is not None and (node, newest[2]) not in self._grants:  # it went: find the next (rare)
+                live = [(e, a, g) for (peer, g), (e, a, _) in self._grants.items() if peer == node]
+                newest = max(live) if live else None
+                if newest is None:
+                    del self._newest[node]
+                else:
+                    self._newest[node] = newest
+        return newest[1] if newest is not None else None
 
     def live(self) -> int:
         """Accepted grants not yet expired."""
