@@ -119,16 +119,17 @@ class Kernel(KernelParts):
         return self.reads.plan(request, **kwargs)
 
     def route(self, request: Request, nodes: Sequence[NodeState], *, deadline_ms: float | None = None,
-              keys: Sequence[bytes] | None = None) -> RouteDecision:  # fmt: skip
+              keys: Sequence[bytes] | None = None, all_options: bool = False) -> RouteDecision:  # fmt: skip
         """Which of `nodes` should run `request`, with each node's predicted TTFT and the reasons.
 
         The prediction is the node's queue plus the plan that node would make from its own tiers and its peers';
-        the tenant's `route` rules exclude or weight nodes.
+        the tenant's `route` rules exclude or weight nodes. The options are the nodes that could win (the
+        chosen one, ties, the next best); `all_options` prices every node into one (route rules judge each).
 
         Deterministic; any failure inside fails open to the least-loaded node (`RouteDecision.fail_open`). See
         `nexuskv.paths.route`.
         """
-        return self.router.route(request, nodes, deadline_ms=deadline_ms, keys=keys)
+        return self.router.route(request, nodes, deadline_ms=deadline_ms, keys=keys, all_options=all_options)
 
     async def aroute(self, request: Request, nodes: Sequence[NodeState], **kwargs: Any) -> RouteDecision:
         """`route` for asyncio callers (CPU-bound and bounded by the deadline, so it runs inline)."""

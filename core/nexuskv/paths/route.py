@@ -1,9 +1,9 @@
 """Cost-aware routing: on which node should a request run? Predicted TTFT per candidate node, and the best one.
 
-A scheduler that embeds the kernel reports each candidate node's load (`NodeState`); `Kernel.route` matches the
-request once against the index (every node's holdings, when a cluster-wide index is bound), then for each node
-plans exactly as that node would (`planner.decide` with `node=`: its own tiers, peers' state over the link to
-them, the tenant's reuse rules, open breakers) and predicts
+A scheduler that embeds the kernel reports each candidate node's load (`NodeState`); `Kernel.route` keys and
+matches the request once against the index (every node's holdings, when a cluster-wide index is bound), prices
+each node's plan exactly as that node would make it (its own tiers, peers' state over the link to them, the
+tenant's reuse rules, open breakers) and predicts
 
     TTFT(node) = queue(node) + T_lookup + T_transfer + T_mount + T_prefill(what is not restored)
 
@@ -12,10 +12,21 @@ queue: `waiting_requests * base_ms + queued_prefill_tokens * per_token_ms + runn
 profile's prefill terms). The tenant's `route` rules then exclude nodes or weight their prediction; the lowest
 weighted prediction wins, ties to the shorter queue, then the node name: the same inputs give the same answer.
 
+Routing in one pass (paged-only layouts, tenants without reuse rules). A node's plan depends on which node it is
+only through the blocks on that node, so one match gives every node's sources (`planning.fleet`): the nodes that
+hold nothing of the prefix share one plan, nodes with the same holdings up to their name share one, and a node's
+prediction is its queue plus its plan's terms, arithmetic. Only nodes that can win are turned into options and
+judged by route rules: the best by prediction among those the rules allow, every node within rounding of it, and
+the next allowed one (the "next best" of the reasons). With a `weight` route rule every node is judged (a weight
+can lift any node), and `all_options=True` makes every node an option. The chosen node and its option equal what
+pricing every node by its own plan gives (`tests/paths/test_route_one_pass.py`). Checkpointed layouts (a plan
+needs each block's checkpoints) and tenants with reuse rules (they may read the node) take the per-node path:
+every node's own `decide`, all of them options.
+
 A node's engine-resident blocks (index locations in `RESIDENT_TIER`, fed from the engine's own KV events, e.g.
 by `nexuskv-vllm-events`) count for that node only, at no transfer and no mount: the engine reuses them itself.
 
-Every stage runs inside the deadline: the keys, the match, each node's plan and the loop between the nodes; at most
+Every stage runs inside the deadline: the keys, the match, the plans and the loop over the nodes; at most
 `MAX_NODES` candidates are priced. Anything failing on the way (a plugin, the deadline, a rule engine error) fails
 open to the least-loaded node the tenant's route rules allow (judged on the reported queue, as if the node
 recomputed), with the reason. A bad node report is a `ValueError` naming the field when the `NodeState` is built.
@@ -23,28 +34,25 @@ recomputed), with the reason. A bad node report is a `ValueError` naming the fie
 
 from __future__ import annotations
 
-import math
-import numbers
-import operator
+import heapq
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-from attrs import define, field
 
 from nexuskv.cluster.membership import Membership
 from nexuskv.contracts import Request
 from nexuskv.contracts.config import KernelConfig
-from nexuskv.contracts.schema import doc
 from nexuskv.errors import DeadlinePassed
 from nexuskv.errors import check_deadline as check
 from nexuskv.logs import get_logger
 from nexuskv.paths.read import ReadPath
+from nexuskv.paths.route_types import NodeState, RouteDecision, RouteOption
 from nexuskv.planning.budget import budget_for, format_ms
 from nexuskv.planning.cost import CostModel
-from nexuskv.planning.decision import decide
-from nexuskv.policy.model import RouteTarget
+from nexuskv.planning.decision import choose_unruled, decide
+from nexuskv.planning.fleet import FleetRuns, one_pass_applies
+from nexuskv.policy.model import RouteEffect, RouteTarget
 
 __all__ = ["NodeState", "RouteDecision", "RouteOption", "Router"]
 
@@ -54,102 +62,29 @@ MAX_NODES = 4096
 """Candidate nodes one `route` call prices at most (more is a `ValueError`: pre-select, as a gateway does)."""
 
 
-def _as_count(value: Any) -> Any:
-    """Whole numbers from other sources (numpy ints, `3.0` from a metrics scrape) as int; the rest unchanged."""
-    if isinstance(value, int):  # bool included: the validator names it
-        return value
-    try:
-        return operator.index(value)
-    except TypeError:
-        return int(value) if isinstance(value, float) and value.is_integer() else value
+_Terms = tuple[int, float, float, Any]  # (reused tokens, plan ms, load ms, the chosen candidate or None)
 
 
-def _as_ms(value: Any) -> Any:
-    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else value
+def _terms(cost: CostModel, request: Request, chosen: Any) -> _Terms:
+    """A plan's part of a prediction: tokens reused, lookup + transfer + mount + prefill of the rest, the load."""
+    tokens = len(request.token_ids)
+    reused = chosen.blocks * request.layout.page_size if chosen is not None else 0
+    plan_ms = cost.prefill_ms(tokens, min(reused, tokens))
+    load_ms = 0.0
+    if chosen is not None:
+        load_ms = chosen.t_lookup_ms + chosen.t_transfer_ms
+        plan_ms += load_ms + chosen.t_mount_ms
+    return reused, plan_ms, load_ms, chosen
 
 
-def _as_labels(value: Any) -> Any:
-    return dict(value) if isinstance(value, Mapping) else value
+def _band(ms: float) -> float:
+    """The largest prediction that can tie `ms` once `_rank` rounds both to 9 digits."""
+    return ms + abs(ms) * 1e-6 + 1e-9
 
 
-def _count(_: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"NodeState.{attribute.name} must be an int >= 0, got {value!r}")
-
-
-def _ms(_: Any, attribute: Any, value: Any) -> None:
-    if value is None and attribute.name == "queue_ms":
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise ValueError(f"NodeState.{attribute.name} must be a finite number >= 0, got {value!r}")
-
-
-def _node(_: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"NodeState.node must be a non-empty string, got {value!r}")
-
-
-def _labels(_: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise ValueError(f"NodeState.labels must map strings to strings, got {value!r}")
-
-
-@define(frozen=True)
-class NodeState:
-    """A candidate node as the scheduler reports it (its own bookkeeping, or the engine's metrics)."""
-
-    node: str = field(validator=_node, metadata=doc("Node name, as the node publishes itself (`KernelConfig.node`)."))
-    queued_prefill_tokens: int = field(default=0, converter=_as_count, validator=_count,
-                                       metadata=doc("Prompt tokens waiting for prefill."))  # fmt: skip
-    waiting_requests: int = field(default=0, converter=_as_count, validator=_count,
-                                  metadata=doc("Requests waiting."))
-    running_decodes: int = field(default=0, converter=_as_count, validator=_count,
-                                 metadata=doc("Requests decoding."))
-    decode_ms: float = field(default=0.0, converter=_as_ms, validator=_ms,
-                             metadata=doc("Prefill delay per running decode (ms), as the scheduler measures it."))
-    queue_ms: float | None = field(default=None, converter=_as_ms, validator=_ms,
-                                   metadata=doc("The scheduler's own prediction of the wait (wins over estimates)."))
-    labels: dict[str, str] = field(factory=dict, converter=_as_labels, validator=_labels,
-                                   metadata=doc("Labels route rules can read (zone, gpu, ...)."))
-    overlap_loads: bool = field(default=False, metadata=doc(
-        "The engine loads restored state while the request waits in its queue (async loading): the wait is "
-        "the longer of the two, not their sum."))  # fmt: skip
-
-
-@define(frozen=True)
-class RouteOption:
-    """One candidate node, priced."""
-
-    node: str
-    predicted_ttft_ms: float  # queue + plan, before weights
-    score_ms: float  # predicted_ttft_ms times the route rules' weight: what is compared
-    queue_ms: float
-    plan_ms: float  # lookup + transfer + mount + prefill of the rest
-    reuse_tokens: int
-    sources: tuple[str, ...]  # "tier@node" of each restored run, in order
-    spans: tuple[tuple[int, int, str, str], ...] = ()  # (first block, end block, tier, node) of each run
-    excluded: bool = False
-    weight: float = 1.0
-    rules: tuple[str, ...] = ()  # route rules that excluded or weighted it
-    messages: tuple[str, ...] = ()
-    prefetch: tuple[tuple[int, int, str, str], ...] = ()  # runs past the plan worth moving into `prefetch_to`
-    prefetch_to: str = ""
-
-
-@define(frozen=True)
-class RouteDecision:
-    """Where to run a request: the chosen node (None when route rules excluded every node) and why."""
-
-    request_id: str
-    tenant: str
-    node: str | None
-    options: tuple[RouteOption, ...]
-    reasons: tuple[str, ...]
-    fail_open: bool = False
-
-    def option(self, node: str) -> RouteOption | None:
-        """The priced option of `node` (None when it was not priced: fail-open)."""
-        return next((o for o in self.options if o.node == node), None)
+def _rank(score: float, queue: float, node: str) -> tuple[float, float, str]:
+    """The order `_choose` picks in: weighted prediction, then queue (both to 9 digits), then the name."""
+    return float(f"{score:.9g}"), float(f"{queue:.9g}"), node
 
 
 def _queue_ms(cost: CostModel, ns: NodeState) -> float:
@@ -174,11 +109,12 @@ class Router:
         self._config = config  # the budget's rule: `planning.budget`, as for plans
         self._lock = threading.Lock()
         self.fallbacks = 0  # routes that failed open
+        self.one_pass = True  # False: every node by its own `decide` (the reference the one pass is tested against)
 
     def route(self, request: Request, nodes: Sequence[NodeState], *, deadline_ms: float | None = None,
-              keys: Sequence[bytes] | None = None) -> RouteDecision:  # fmt: skip
+              keys: Sequence[bytes] | None = None, all_options: bool = False) -> RouteDecision:  # fmt: skip
         """See `Kernel.route`."""
-        decision = self._route(request, nodes, deadline_ms=deadline_ms, keys=keys)
+        decision = self._route(request, nodes, deadline_ms=deadline_ms, keys=keys, every=all_options)
         if decision.fail_open:
             with self._lock:  # exact under many routing threads
                 self.fallbacks += 1
@@ -187,7 +123,7 @@ class Router:
         return decision
 
     def _route(self, request: Request, nodes: Sequence[NodeState], *, deadline_ms: float | None,
-               keys: Sequence[bytes] | None) -> RouteDecision:  # fmt: skip
+               keys: Sequence[bytes] | None, every: bool) -> RouteDecision:  # fmt: skip
         nodes = tuple(nodes)
         if not nodes:
             raise ValueError("route needs at least one candidate node")
@@ -212,10 +148,13 @@ class Router:
             policy = policies.for_tenant(request.tenant) if policies is not None else None
             stage = "pricing"
             planner = reads.planner.routing()  # engine-resident blocks count for their own node
-            options = []
-            for ns in nodes:  # each node's plan is bounded inside, and the loop between them
-                check(end, "pricing")
-                options.append(self._price(planner, request, match, policy, ns, end))
+            if self.one_pass and one_pass_applies(request) and not (policy is not None and policy.rules.get("reuse")):
+                options = self._price_fleet(planner, request, match, policy, nodes, end, every)
+            else:
+                options = []
+                for ns in nodes:  # each node's plan is bounded inside, and the loop between them
+                    check(end, "pricing")
+                    options.append(self._price(planner, request, match, policy, ns, end))
         except DeadlinePassed as exc:
             why = "" if deadline_ms is not None else f" (the budget: {rule.why})"
             return self._fail_open(request, nodes, f"deadline {format_ms(budget)} ms passed in {exc.stage}{why}",
@@ -255,22 +194,75 @@ class Router:
 
     def _price(self, planner: Any, request: Request, match: Any, policy: Any, ns: NodeState,
                end: float) -> RouteOption:  # fmt: skip
-        """One node's option: the plan that node would make, its queue, and the route rules' verdict on it."""
-        reads, cost = self._reads, self._cost
+        """One node's option from its own `decide` (the per-node path): its plan, its queue, the rules' verdict."""
         decision = decide(planner, request, match, policy, node=ns.node, decision_id="route",
-                          epoch=self._membership.epoch, bandwidth_scale=reads.bandwidth_scale,
-                          prefetch_target=reads.prefetch_target, deadline=end)  # fmt: skip
-        chosen = decision.detail.chosen
-        tokens = len(request.token_ids)
-        reused = chosen.blocks * request.layout.page_size if chosen is not None else 0
-        plan_ms = cost.prefill_ms(tokens, min(reused, tokens))
+                          epoch=self._membership.epoch, bandwidth_scale=self._reads.bandwidth_scale,
+                          prefetch_target=self._reads.prefetch_target, deadline=end)  # fmt: skip
+        return self._option(request, ns, _terms(self._cost, request, decision.detail.chosen),
+                            decision.detail.prefetch, ns.node, policy)  # fmt: skip
+
+    def _price_fleet(self, planner: Any, request: Request, match: Any, policy: Any, nodes: Sequence[NodeState],
+                     end: float, every: bool) -> list[RouteOption]:  # fmt: skip
+        """Every node priced from one match (module docstring: routing in one pass); only nodes that can win."""
+        reads, cost = self._reads, self._cost
+        fleet = FleetRuns(planner, request, match)
+        page = request.layout.page_size
+        plans: dict[tuple[Any, ...], tuple[_Terms, tuple[tuple[int, int, str, str], ...], str]] = {}
+        min_gain = float(policy.min_gain_ms) if policy is not None else 0.0  # no reuse rules here: only this
+
+        def plan_of(node: str) -> tuple[_Terms, tuple[tuple[int, int, str, str], ...], str]:
+            sig = fleet.signature(node)
+            got = plans.get(sig)
+            if got is None:  # the first node of this signature decides for all of them
+                check(end, "pricing")
+                runs, stop = fleet.runs(node)
+                cands = planner.priced(runs, stop, node=node, page=page, bandwidth_scale=reads.bandwidth_scale,
+                                       deadline=end)  # fmt: skip
+                chosen, prefetch = choose_unruled(planner, cands, min_gain, reads.prefetch_target, page, node)
+                got = plans[sig] = (_terms(cost, request, chosen), prefetch, node)
+            return got
+
+        rules = policy.rules.get("route") if policy is not None else None
+        weighted = bool(rules) and any(r.effect == RouteEffect.WEIGHT for r in rules)
+        shared = None  # the non-holders' plan: one for all of them
+        keyed = []
+        for i, ns in enumerate(nodes):
+            if i and i % 256 == 0:
+                check(end, "pricing")
+            if ns.node in fleet.holders:
+                plan = plan_of(ns.node)
+            else:
+                plan = shared = shared or plan_of(ns.node)
+            queue = _queue_ms(cost, ns)
+            terms = plan[0]
+            keyed.append((queue + terms[1] - (min(queue, terms[2]) if ns.overlap_loads else 0.0), queue, ns.node, i))
+        if weighted or every:  # a weight can lift any node: every one is judged
+            return [self._option(request, nodes[i], *plans[fleet.signature(nodes[i].node)], policy)
+                    for *_, i in keyed]  # fmt: skip
+        # By prediction: the best allowed node, every node within rounding of it (ties break on the queue and the
+        # name, `_rank`) and the next allowed one; the others cannot be chosen, and route rules do not judge them.
+        heapq.heapify(keyed)
+        options: list[RouteOption] = []
+        allowed: list[float] = []
+        while keyed and (len(allowed) < 2 or keyed[0][0] <= _band(allowed[0])):
+            predicted, _, node, i = heapq.heappop(keyed)
+            option = self._option(request, nodes[i], *plans[fleet.signature(node)], policy)
+            options.append(option)
+            if not option.excluded:
+                allowed.append(predicted)
+        order = {ns.node: i for i, ns in enumerate(nodes)} if len(options) > 1 else {}
+        return sorted(options, key=lambda o: order.get(o.node, 0))  # as the nodes came: reasons list them so
+
+    def _option(self, request: Request, ns: NodeState, terms: _Terms, prefetch: Sequence[tuple[int, int, str, str]],
+                rep: str, policy: Any) -> RouteOption:  # fmt: skip
+        """`ns`'s option from a plan made for `rep` (itself, or a node of the same signature) and its queue."""
+        reads, cost = self._reads, self._cost
+        reused, plan_ms, load_ms, chosen = terms
         sources: tuple[str, ...] = ()
         spans: tuple[tuple[int, int, str, str], ...] = ()
-        tier, source, load_ms = "", "", 0.0
+        tier, source = "", ""
         if chosen is not None:
-            load_ms = chosen.t_lookup_ms + chosen.t_transfer_ms
-            plan_ms += load_ms + chosen.t_mount_ms
-            spans = tuple((f, e, t, n or ns.node) for f, e, t, n in chosen.sources)
+            spans = tuple((f, e, t, ns.node if not n or n == rep else n) for f, e, t, n in chosen.sources)
             sources = tuple(f"{t}@{n}" for _, _, t, n in spans)
             tier, source = chosen.slowest_tier, spans[-1][3]
         queue = _queue_ms(cost, ns)
@@ -283,10 +275,10 @@ class Router:
             messages = verdict.messages + verdict.audits + tuple(f"error: {e}" for e in verdict.errors)
             weight = verdict.weight if verdict.weight is not None else 1.0
         cut = spans[-1][1] if spans else 0  # what the plan loads now is not prefetched as well
-        prefetch = tuple((max(f, cut), e, t, n or ns.node) for f, e, t, n in decision.detail.prefetch if e > cut)
+        pre = tuple((max(f, cut), e, t, ns.node if not n or n == rep else n) for f, e, t, n in prefetch if e > cut)
         return RouteOption(ns.node, predicted, predicted * weight, queue, plan_ms, reused, sources, spans, excluded,
-                           weight, tuple(rules), tuple(messages), prefetch,
-                           reads.prefetch_target if prefetch else "")  # fmt: skip
+                           weight, tuple(rules), tuple(messages), pre,
+                           reads.prefetch_target if pre else "")  # fmt: skip
 
     def _fail_open(self, request: Request, nodes: Sequence[NodeState], reason: str,
                    budget_ms: float) -> RouteDecision:  # fmt: skip
@@ -330,7 +322,7 @@ def _choose(request: Request, options: list[RouteOption]) -> RouteDecision:
         reasons = ("every node excluded by route rules: " + "; ".join(f"{o.node}: {', '.join(o.rules)}"
                                                                       for o in options),)  # fmt: skip
         return RouteDecision(request.request_id, request.tenant, None, tuple(options), reasons)
-    best = min(allowed, key=lambda o: (float(f"{o.score_ms:.9g}"), float(f"{o.queue_ms:.9g}"), o.node))
+    best = min(allowed, key=lambda o: _rank(o.score_ms, o.queue_ms, o.node))
     how = f"reuse {best.reuse_tokens} tokens from {', '.join(best.sources)}" if best.reuse_tokens else "recompute"
     reasons = [f"{best.node}: predicted TTFT {best.predicted_ttft_ms:.1f} ms (queue {best.queue_ms:.1f} + plan "
                f"{best.plan_ms:.1f}: {how})"]  # fmt: skip

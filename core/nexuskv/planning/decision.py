@@ -22,7 +22,7 @@ from nexuskv.planning.planner import RESIDENT_TIER, Candidate, Planner, best
 from nexuskv.policy.model import Candidate as MatchView  # the view reuse rules see as `match`
 from nexuskv.state.index import Match
 
-__all__ = ["Decision", "PlanDetail", "decide", "decide_with_shares", "to_plan"]
+__all__ = ["Decision", "PlanDetail", "choose_unruled", "decide", "decide_with_shares", "to_plan"]
 
 
 @define(frozen=True)
@@ -106,6 +106,7 @@ def decide(
     deadline: float | None = None,
     revision: str | None = None,
     now: Any = None,
+    priced: Callable[[int | None], list[Candidate]] | None = None,
 ) -> Decision:
     """Price the candidates, apply the tenant's reuse rules and minimum gain, and choose.
 
@@ -114,11 +115,15 @@ def decide(
     tier and would pay if they were in `prefetch_target` are proposed for prefetch. `shared_from` is the
     namespace of another tenant whose shared state `match` found: reuse rules then see `match.shared`.
     `revision` is what the plan names as its policy revision (default: the policy set's own); `now` is the time
-    rules see (default: the clock; a replay passes the recorded time).
+    rules see (default: the clock; a replay passes the recorded time). `priced(max_blocks)` gives the candidates
+    when the caller found `node`'s sources itself (routing: `Planner.priced` over `planning.fleet`'s runs).
     """
     page = request.layout.page_size
-    cands = planner.candidates(request, match, node=node, inflight=inflight, bandwidth_scale=bandwidth_scale,
-                               deadline=deadline)  # fmt: skip
+    if priced is None:
+        def priced(cap: int | None) -> list[Candidate]:
+            return planner.candidates(request, match, node=node, inflight=inflight, bandwidth_scale=bandwidth_scale,
+                                      max_blocks=cap, deadline=deadline)  # fmt: skip
+    cands = priced(None)
     reasons: list[str] = []
     rules: list[str] = []
     verdicts: list[Any] = []
@@ -131,7 +136,7 @@ def decide(
         reasons.append("match: nothing reusable")
     min_gain = float(policy.min_gain_ms) if policy is not None else 0.0
     chosen: Candidate | None = None
-    ranked = sorted(cands, key=lambda c: (-round(c.gain_ms, 9), c.blocks))
+    ranked = _ranked(cands)
     for cand in ranked:
         if cand.blocks == 0 or cand.gain_ms <= min_gain:
             break
@@ -150,8 +155,7 @@ def decide(
         reasons.append(f"policy: {', '.join(verdict.deciding) or 'reuse'} "
                        + (f"caps reuse at {cap * page} tokens" if cap else "refuses this candidate"))  # fmt: skip
         if cap:
-            capped = [c for c in planner.candidates(request, match, node=node, inflight=inflight, deadline=deadline,
-                                                    bandwidth_scale=bandwidth_scale, max_blocks=cap) if c.blocks]
+            capped = [c for c in priced(cap) if c.blocks]
             if capped:
                 alt = best(capped)
                 v2 = _reuse_verdict(policy, request, alt, node, page, MatchView, shared_from, now)
@@ -190,6 +194,25 @@ def decide(
                    peer=(lambda t, n: planner.peer(t, n, node)) if planner.remote_transport else None,
                    remote_transport=planner.remote_transport)  # fmt: skip
     return Decision(plan, PlanDetail(chosen, tuple(cands), tuple(prefetch), tuple(verdicts)))
+
+
+def _ranked(cands: Sequence[Candidate]) -> list[Candidate]:
+    """Candidates in the order the decision tries them: highest gain first, then fewer blocks."""
+    return sorted(cands, key=lambda c: (-round(c.gain_ms, 9), c.blocks))
+
+
+def choose_unruled(planner: Planner, cands: Sequence[Candidate], min_gain: float, prefetch_target: str, page: int,
+                   node: str) -> tuple[Candidate | None, tuple[tuple[int, int, str, str], ...]]:  # fmt: skip
+    """`decide`'s chosen candidate and prefetch for a tenant without reuse rules, without building the plan.
+
+    What routing prices per node: the same ranking, minimum gain and prefetch proposal as `decide`.
+    """
+    top = _ranked(cands)[0]  # as `decide`: the best is taken, or nothing
+    chosen = top if top.blocks and top.gain_ms > min_gain else None
+    if not prefetch_target:
+        return chosen, ()
+    longest = max(cands, key=lambda c: c.blocks)
+    return chosen, tuple(_prefetch(planner, longest, chosen, prefetch_target, min_gain, page, node))
 
 
 def _blocks_per_tier(c: Candidate) -> list[tuple[str, int]]:

@@ -180,15 +180,36 @@ class Planner:
                 runs.append((start, start + n, *sources[codes[start]]))
             start += n
         check(deadline, "plan (runs)")
+        return self._priced(runs, end, node, inflight, bandwidth_scale, layout.page_size, entries, ckpt, healthy,
+                            deadline)  # fmt: skip
+
+    def priced(self, runs: Sequence[tuple[int, int, str, str]], end: int, *, node: str, page: int,
+               inflight: Mapping[str, float] | None = None, bandwidth_scale: Mapping[str, float] | None = None,
+               max_blocks: int | None = None, deadline: float | None = None) -> list[Candidate]:  # fmt: skip
+        """The candidates of a paged-only layout whose per-block sources are already known, as `candidates` prices them.
+
+        `runs` are the maximal runs of one source, `(first block, end block, tier, node)`, covering `[0, end)`
+        (the usable prefix as `node` sees it); `max_blocks` clips them as `candidates(max_blocks=...)` clips the
+        match. For routing, which finds every node's runs from one match (`planning.fleet`).
+        """
+        if max_blocks is not None and max_blocks < end:
+            end = max(0, max_blocks)
+            runs = [(f, min(e, end), t, n) for f, e, t, n in runs if f < end]
+        return self._priced(runs, end, node, inflight, bandwidth_scale, page, (), 0, frozenset(), deadline)
+
+    def _priced(self, runs: Sequence[tuple[int, int, str, str]], end: int, node: str,
+                inflight: Mapping[str, float] | None, scale: Mapping[str, float] | None, page: int,
+                entries: Sequence[Holding | None], ckpt: int, healthy: frozenset[str],
+                deadline: float | None) -> list[Candidate]:  # fmt: skip
+        """The empty cut, then every cut at a source boundary and the longest, priced."""
         cuts = {r[0] for r in runs[1:]} | {end}  # tier boundaries, and the longest cut
         if ckpt:  # checkpointed groups: only blocks with a checkpoint (of every such group) are cuts
             cuts = self._checkpoint_cuts(entries, end, ckpt, node, cuts, healthy, deadline)
-        scale = bandwidth_scale
-        out = [self._price(0, (), node, inflight, scale, layout.page_size, entries, ckpt, healthy)]
+        out = [self._price(0, (), node, inflight, scale, page, entries, ckpt, healthy)]
         for b in sorted(c for c in cuts if c > 0):
             check(deadline, "plan (pricing)")
             cut_runs = tuple((f, min(e, b), t, n) for f, e, t, n in runs if f < b and t)
-            out.append(self._price(b, cut_runs, node, inflight, scale, layout.page_size, entries, ckpt, healthy))
+            out.append(self._price(b, cut_runs, node, inflight, scale, page, entries, ckpt, healthy))
         return out
 
     def _checkpoint_cuts(self, entries: Sequence[Holding | None], end: int, ckpt: int, node: str, marks: set[int],

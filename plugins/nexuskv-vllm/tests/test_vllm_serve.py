@@ -240,7 +240,8 @@ class Router:
         req = Request(request_id="route", tenant=tenant, scope=ns.scope, cache_salt=ns.cache_salt,
                       model=self.identity.model, tokenizer=self.identity.tokenizer, layout=self.identity.layout,
                       token_ids=ids)  # fmt: skip
-        d = self.kernel.route(req, [NodeState("engine-1"), NodeState("engine-2")], deadline_ms=10_000)
+        d = self.kernel.route(req, [NodeState("engine-1"), NodeState("engine-2")], deadline_ms=10_000,
+                              all_options=True)  # fmt: skip
         assert not d.fail_open, d.reasons
         return d.option("engine-1").reuse_tokens, d.node, d.option(d.node).sources
 
