@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 from nexuskv.cel import plugin_functions
@@ -58,8 +58,16 @@ class KernelParts:
         *,
         plugins: PluginManager | None = None,
         secret: bytes | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """Build every part from `config`.
+
+        `clock` is the monotonic clock (seconds) the kernel's decision state ages on: link estimates (their
+        `max_age_s`) and circuit breakers (their cooldown). Default `time.monotonic`; a simulator passes its
+        simulated time, so one trace gives the same decisions on any host under any load.
+        """
         configure_logging()
+        self.clock = clock = clock or time.monotonic
         cfg = self.config = config or KernelConfig()
         self.plugins = plugins or PluginManager(plugin_env(cfg))
         self.node = cfg.node
@@ -69,7 +77,7 @@ class KernelParts:
         self.state_seal = StateSeal(secret)
         self.index: Matcher = self.plugins.matcher(cfg.matcher)
         profile = load_profile(cfg.profile) if cfg.profile else default_profile()
-        self.links = link_estimates(cfg.links, profile)
+        self.links = link_estimates(cfg.links, profile, clock=clock)
         self.membership = Membership(self.plugins.control_plane(cfg.control_plane), self.node, cfg.lease_ttl_s,
                                      status=self._status)  # fmt: skip
         try:
@@ -98,7 +106,7 @@ class KernelParts:
     def _assemble(self, cfg: KernelConfig, profile: CostProfile, secret: bytes) -> None:
         """Build the parts after the membership (the tiers, policies, paths), then bind a cluster-wide index."""
         self.cost = CostModel(profile, links=self.links)
-        self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s)
+        self.health = Health(cfg.breaker_threshold, cfg.breaker_cooldown_s, clock=self.clock)
         self.hierarchy = Hierarchy(cfg, (self.plugins.tier_stores(), self.plugins.transports()), self.index,
                                    self.cost, self.health, self.membership, self.state_seal)  # fmt: skip
         wanted = cfg.policies or cfg.policy_rollout or cfg.policy_shadow

@@ -38,8 +38,8 @@ __all__ = ["CommitResult", "Kernel", "KernelConfig", "LoadReport", "Materialized
 class Kernel(KernelParts):
     """One embedded NexusKV kernel: build it once, call it on every request, from any thread.
 
-    `Kernel(config, plugins=..., secret=...)` builds the parts (`nexuskv.assembly`); the methods below are what a
-    scheduler calls, each delegating to the part that owns the work.
+    `Kernel(config, plugins=..., secret=..., clock=...)` builds the parts (`nexuskv.assembly`); the methods below
+    are what a scheduler calls, each delegating to the part that owns the work.
     """
 
     @classmethod

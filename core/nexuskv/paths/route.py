@@ -244,12 +244,16 @@ class Router:
         heapq.heapify(keyed)
         options: list[RouteOption] = []
         allowed: list[float] = []
+        first: tuple[float, float] | None = None  # the best allowed node's (prediction, queue)
         while keyed and (len(allowed) < 2 or keyed[0][0] <= _band(allowed[0])):
-            predicted, _, node, i = heapq.heappop(keyed)
+            predicted, queue, node, i = heapq.heappop(keyed)
+            if len(allowed) >= 2 and (predicted, queue) == first:
+                continue  # an exact tie of the best ranks after it by name: it cannot be chosen
             option = self._option(request, nodes[i], *plans[fleet.signature(node)], policy)
             options.append(option)
             if not option.excluded:
                 allowed.append(predicted)
+                first = first or (predicted, queue)
         order = {ns.node: i for i, ns in enumerate(nodes)} if len(options) > 1 else {}
         return sorted(options, key=lambda o: order.get(o.node, 0))  # as the nodes came: reasons list them so
 

@@ -37,48 +37,63 @@ def _as_labels(value: Any) -> Any:
     return dict(value) if isinstance(value, Mapping) else value
 
 
-def _count(_: Any, attribute: Any, value: Any) -> None:
+def _count(name: str, value: Any) -> int:
+    value = _as_count(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"NodeState.{attribute.name} must be an int >= 0, got {value!r}")
+        raise ValueError(f"NodeState.{name} must be an int >= 0, got {value!r}")
+    return value
 
 
-def _ms(_: Any, attribute: Any, value: Any) -> None:
-    if value is None and attribute.name == "queue_ms":
-        return
+def _ms(name: str, value: Any) -> float:
+    value = _as_ms(value)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise ValueError(f"NodeState.{attribute.name} must be a finite number >= 0, got {value!r}")
-
-
-def _node(_: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"NodeState.node must be a non-empty string, got {value!r}")
-
-
-def _labels(_: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise ValueError(f"NodeState.labels must map strings to strings, got {value!r}")
+        raise ValueError(f"NodeState.{name} must be a finite number >= 0, got {value!r}")
+    return value
 
 
 @define(frozen=True)
 class NodeState:
     """A candidate node as the scheduler reports it (its own bookkeeping, or the engine's metrics)."""
 
-    node: str = field(validator=_node, metadata=doc("Node name, as the node publishes itself (`KernelConfig.node`)."))
-    queued_prefill_tokens: int = field(default=0, converter=_as_count, validator=_count,
-                                       metadata=doc("Prompt tokens waiting for prefill."))  # fmt: skip
-    waiting_requests: int = field(default=0, converter=_as_count, validator=_count,
-                                  metadata=doc("Requests waiting."))
-    running_decodes: int = field(default=0, converter=_as_count, validator=_count,
-                                 metadata=doc("Requests decoding."))
-    decode_ms: float = field(default=0.0, converter=_as_ms, validator=_ms,
-                             metadata=doc("Prefill delay per running decode (ms), as the scheduler measures it."))
-    queue_ms: float | None = field(default=None, converter=_as_ms, validator=_ms,
-                                   metadata=doc("The scheduler's own prediction of the wait (wins over estimates)."))
-    labels: dict[str, str] = field(factory=dict, converter=_as_labels, validator=_labels,
-                                   metadata=doc("Labels route rules can read (zone, gpu, ...)."))
+    node: str = field(metadata=doc("Node name, as the node publishes itself (`KernelConfig.node`)."))
+    queued_prefill_tokens: int = field(default=0, metadata=doc("Prompt tokens waiting for prefill."))
+    waiting_requests: int = field(default=0, metadata=doc("Requests waiting."))
+    running_decodes: int = field(default=0, metadata=doc("Requests decoding."))
+    decode_ms: float = field(default=0.0, metadata=doc(
+        "Prefill delay per running decode (ms), as the scheduler measures it."))  # fmt: skip
+    queue_ms: float | None = field(default=None, metadata=doc(
+        "The scheduler's own prediction of the wait (wins over estimates)."))  # fmt: skip
+    labels: dict[str, str] = field(factory=dict, metadata=doc("Labels route rules can read (zone, gpu, ...)."))
     overlap_loads: bool = field(default=False, metadata=doc(
         "The engine loads restored state while the request waits in its queue (async loading): the wait is "
         "the longer of the two, not their sum."))  # fmt: skip
+
+    def __attrs_post_init__(self) -> None:
+        """Check the report in one pass: a scheduler builds one per node per request.
+
+        Counts are ints >= 0 (whole numbers from other sources converted), times finite floats >= 0, labels strings
+        to strings; a `ValueError` names the field.
+        """
+        node = self.node
+        if type(node) is not str or not node:
+            raise ValueError(f"NodeState.node must be a non-empty string, got {node!r}")
+        q, w, r = self.queued_prefill_tokens, self.waiting_requests, self.running_decodes
+        if not (type(q) is int and type(w) is int and type(r) is int and q >= 0 and w >= 0 and r >= 0):
+            for name in ("queued_prefill_tokens", "waiting_requests", "running_decodes"):
+                object.__setattr__(self, name, _count(name, getattr(self, name)))
+        d = self.decode_ms
+        if type(d) is not float or not 0.0 <= d < math.inf:
+            object.__setattr__(self, "decode_ms", _ms("decode_ms", d))
+        qm = self.queue_ms
+        if qm is not None and (type(qm) is not float or not 0.0 <= qm < math.inf):
+            object.__setattr__(self, "queue_ms", _ms("queue_ms", qm))
+        labels = self.labels
+        if type(labels) is not dict:
+            labels = _as_labels(labels)
+            object.__setattr__(self, "labels", labels)
+        if not isinstance(labels, dict) or (labels and not all(isinstance(k, str) and isinstance(v, str)
+                                                               for k, v in labels.items())):  # fmt: skip
+            raise ValueError(f"NodeState.labels must map strings to strings, got {labels!r}")
 
 
 @define(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from attrs import frozen
 
@@ -51,7 +51,8 @@ class LinkEstimate:
 class LinkEstimator:
     """The fitted line of one link (see the module docstring)."""
 
-    def __init__(self, prior: LinkCost, decay: float = 0.9, prior_weight: float = 0.5, guard: float = 6.0) -> None:
+    def __init__(self, prior: LinkCost, decay: float = 0.9, prior_weight: float = 0.5, guard: float = 6.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         if not 0.0 < decay < 1.0:
             raise ValueError(f"decay must be in (0, 1), got {decay}")
         self.decay, self.guard = decay, guard
@@ -64,7 +65,8 @@ class LinkEstimator:
         self._scale = 0.0  # running mean absolute residual (ms)
         self._strikes, self._strike_up = 0, False  # consecutive outliers, and their direction
         self._lock = threading.Lock()
-        self.updated = time.monotonic()
+        self._clock = clock
+        self.updated = clock()
         self.estimate = self._solve(0)
 
     def _solve(self, samples: int) -> LinkEstimate:
@@ -89,7 +91,7 @@ class LinkEstimator:
             return self.estimate  # a broken measurement says nothing about the link
         with self._lock:
             current = self.estimate
-            fresh = max_age_s is not None and time.monotonic() - self.updated > max_age_s
+            fresh = max_age_s is not None and self._clock() - self.updated > max_age_s
             if fresh and current.samples:
                 self._sums = [v * 0.01 for v in self._sums]  # stale history: the new look all but decides
                 self._strikes = 0
@@ -117,7 +119,7 @@ class LinkEstimator:
             s = self._sums
             self._sums = [d * s[0] + 1.0, d * s[1] + x, d * s[2] + x * x, d * s[3] + y, d * s[4] + x * y]
             self.estimate = self._solve(current.samples + 1)
-            self.updated = time.monotonic()
+            self.updated = self._clock()
             return self.estimate
 
 
@@ -125,8 +127,10 @@ class LinkEstimates:
     """Estimators of every link a kernel reads from, keyed by tier or transport name."""
 
     def __init__(self, profile: CostProfile, decay: float = 0.9, min_samples: int = 8,
-                 max_age_s: float = 30.0) -> None:  # fmt: skip
+                 max_age_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        """`clock`: monotonic seconds that estimates age on (`max_age_s`); a simulator passes simulated time."""
         self.profile = profile
+        self.clock = clock
         self.decay = decay
         self.min_samples = min_samples
         self.max_age_s = max_age_s
@@ -140,7 +144,7 @@ class LinkEstimates:
             if prior is None:
                 prior = LinkCost(bandwidth_bytes_per_s=1e9, latency_ms=0.1)  # a link the profile does not know
             with self._lock:
-                est = self._links.setdefault(name, LinkEstimator(prior, decay=self.decay))
+                est = self._links.setdefault(name, LinkEstimator(prior, decay=self.decay, clock=self.clock))
         return est
 
     def observe(self, name: str, nbytes: float, seconds: float) -> None:
@@ -154,7 +158,7 @@ class LinkEstimates:
         est = self._links.get(name)
         if est is None or est.estimate.samples < self.min_samples:
             return None
-        if time.monotonic() - est.updated > self.max_age_s:
+        if self.clock() - est.updated > self.max_age_s:
             return None  # too old to trust: price by the profile, and let a load measure the link again
         return est.estimate
 
@@ -166,7 +170,8 @@ class LinkEstimates:
                 for name, e in sorted(dict(self._links).items())}  # fmt: skip (a copy: links are added meanwhile)
 
 
-def link_estimates(config: Mapping[str, object], profile: CostProfile) -> LinkEstimates | None:
+def link_estimates(config: Mapping[str, object], profile: CostProfile,
+                   clock: Callable[[], float] = time.monotonic) -> LinkEstimates | None:  # fmt: skip
     """The `[links]` table of a kernel config: estimates unless `measure = false` (decay, min_samples, max_age_s)."""
     unknown = set(config) - {"measure", "decay", "min_samples", "max_age_s"}
     if unknown:
@@ -182,4 +187,4 @@ def link_estimates(config: Mapping[str, object], profile: CostProfile) -> LinkEs
     except (TypeError, ValueError):
         raise ConfigError("[links]: decay must be in (0, 1), min_samples a positive integer and max_age_s positive"
                           ) from None  # fmt: skip
-    return LinkEstimates(profile, decay=decay, min_samples=min_samples, max_age_s=max_age_s)
+    return LinkEstimates(profile, decay=decay, min_samples=min_samples, max_age_s=max_age_s, clock=clock)

@@ -111,6 +111,14 @@ class ClusterView(Protocol):
         """Leading blocks of `req` held at `node` in `tier` or a faster tier (delayed like `loads`)."""
         ...
 
+    def holdings(self, node: str, req: SimRequest) -> tuple[int, int, int]:
+        """`prefix_blocks` of every tier at once: (hbm, dram, disk), non-decreasing."""
+        ...
+
+    def holders(self, req: SimRequest) -> Sequence[str]:
+        """Nodes serving `req`'s model that hold its first block in some tier: the only ones with a prefix."""
+        ...
+
     def block_bytes(self, req: SimRequest) -> int:
         """Bytes of one full block of `req`'s model."""
         ...

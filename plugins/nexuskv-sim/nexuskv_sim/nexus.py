@@ -4,7 +4,9 @@ One scheduler kernel per model (each with the cost profile measured for that mod
 real deployment's scheduler sees: the nodes' load reports and holdings as the cluster view delays them (its
 cluster-wide index, here refreshed for each request's blocks from the delayed view), and its own link
 estimates, learned from every transfer the simulator reports (`observe_transfer`: local tier reads per tier,
-peer reads per peer). Nothing here reads the simulator's hardware profile or its timing.
+peer reads per peer). Nothing here reads the simulator's hardware profile or its timing. The kernels' clock is
+simulated time: link estimates age (`max_age_s`) and breakers cool down on it, so a trace gives the same
+decisions on any host at any load; the routing budget's 1 s floor is far above any route's host time.
 
 Per request: the kernel keys the request (synthetic token ids derived from the trace's hash ids, so equal ids
 give equal keys), its index is set to where each node holds the request's blocks (hbm, dram, disk; peers
@@ -45,15 +47,23 @@ class NexusKVStrategy(BaseStrategy):
 
     name = "nexuskv"
 
-    def __init__(self, profile: Profile, *, policies: str | None = None, name: str = "nexuskv") -> None:
+    def __init__(self, profile: Profile, *, policies: str | None = None, name: str = "nexuskv",
+                 links: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        """`links` overrides the scheduler kernels' `[links]` table (default: one sample makes an estimate)."""
         self.name = name
         self._profile = profile
         self._policies = policies
+        self._links = {"min_samples": 1, **(links or {})}
         self._kernels: dict[str, Kernel] = {}
         self._layouts: dict[str, Layout] = {}
         self._recent = RecentRoutes()
+        self._view: Any = None  # the cluster view of the latest decision: its `now` is the kernels' clock
 
     # ------------------------------------------------------------------------------------------ kernels
+
+    def _clock(self) -> float:
+        """Simulated seconds: what the kernels' link estimates and breakers age on (the judge is deterministic)."""
+        return self._view.now / 1e3 if self._view is not None else 0.0
 
     def _kernel(self, model: str) -> Kernel:
         k = self._kernels.get(model)
@@ -69,9 +79,9 @@ class NexusKVStrategy(BaseStrategy):
             tiers = {t: {"store": "dram", "capacity_bytes": 1 << 20} for t in TIERS}  # pricing only: no payloads
             cfg = KernelConfig(node="scheduler", page_size=self._profile.block_tokens, profile=fh.name, tiers=tiers,
                                transports=("local", "tcp"), policies=self._policies, prefetch_max_tasks=0,
-                               deadline_ms=1000.0, links={"min_samples": 1})  # fmt: skip
+                               deadline_ms=1000.0, links=self._links)  # fmt: skip
             try:
-                k = self._kernels[model] = Kernel(cfg, secret=_SECRET)
+                k = self._kernels[model] = Kernel(cfg, secret=_SECRET, clock=self._clock)
             finally:
                 os.unlink(fh.name)  # the kernel has read it
             self._layouts[model] = Layout(groups=[StateGroup(kind="dense", layers=1, kv_heads=1, head_dim=1)],
@@ -95,11 +105,12 @@ class NexusKVStrategy(BaseStrategy):
 
     def decide(self, req: SimRequest, view: ClusterView) -> Decision:
         """Route and plan with the model's scheduler kernel."""
+        self._view = view
         kernel = self._kernel(req.model)
         request = self._request(req)
         keys = kernel.keys(request)
         nodes = list(view.nodes_for(req.model))
-        self._sync_index(kernel, req, keys, nodes, view)
+        self._sync_index(kernel, req, keys, view)
         loads = view.loads()
         sent = self._recent.since(loads)  # what this scheduler routed since each report: it knows, reports lag
         states = []
@@ -120,17 +131,16 @@ class NexusKVStrategy(BaseStrategy):
         self._recent.add(view.now, node, max(1, req.input_tokens - reused), req.blocks)
         return Decision(node, fetches, reason="; ".join(d.reasons), prefetches=prefetches)
 
-    def _sync_index(self, kernel: Kernel, req: SimRequest, keys: Sequence[bytes], nodes: Sequence[str],
-                    view: ClusterView) -> None:  # fmt: skip
+    def _sync_index(self, kernel: Kernel, req: SimRequest, keys: Sequence[bytes], view: ClusterView) -> None:
         """Make the kernel's index say where each node holds this request's blocks (as the view reports it)."""
         index = kernel.index
         for k in keys:
             index.remove(k)
         full = len(keys)
-        for n in nodes:
+        for n in view.holders(req):  # the others hold no prefix of it
             start = 0
-            for tier in TIERS:  # prefix_blocks counts a tier "or faster": each tier holds the blocks past the last
-                end = min(view.prefix_blocks(n, tier, req), full)
+            for tier, held in zip(TIERS, view.holdings(n, req), strict=True):  # each tier "or faster": a tier
+                end = min(held, full)  # holds the blocks past the faster ones'
                 if end > start:
                     index.insert_many(keys[start:end], Location(tier, n, 1))
                     start = end

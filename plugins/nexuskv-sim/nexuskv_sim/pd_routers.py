@@ -145,8 +145,9 @@ class NexusPD(NexusKVStrategy):
     name = "nexuskv"
     disaggregated = True
 
-    def __init__(self, profile: Profile, pools: Pools, *, policies: str | None = None, name: str = "nexuskv") -> None:
-        super().__init__(profile, policies=policies, name=name)
+    def __init__(self, profile: Profile, pools: Pools, *, policies: str | None = None, name: str = "nexuskv",
+                 links: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        super().__init__(profile, policies=policies, name=name, links=links)
         self.pools = pools
         self._handed = RecentRoutes()  # decode-side routes since each report (the prefill side's are `_recent`)
         self.handoffs: dict[str, int] = {"transfer": 0, "recompute": 0}  # what it chose (the world counts the outcome)
@@ -157,6 +158,7 @@ class NexusPD(NexusKVStrategy):
 
     def handoff(self, req: SimRequest, prefill_node: str, view: ClusterView) -> Decision:
         """The decode node with the lowest predicted TTFT, and its plan: transfer from the prefill node, or not."""
+        self._view = view
         kernel = self._kernel(req.model)
         request = self._request(req)
         keys = kernel.keys(request)

@@ -17,7 +17,8 @@ from attrs import define, field
 
 from nexuskv import ContractError
 
-__all__ = ["BLOCK_TOKENS", "TraceRecord", "generate", "generate_mixed", "read_trace", "token_ids", "write_trace"]
+__all__ = ["BLOCK_TOKENS", "TraceRecord", "generate", "generate_mixed", "read_trace", "scale", "token_ids",
+           "write_trace"]
 
 BLOCK_TOKENS = 512
 DEFAULT = "default"
@@ -85,6 +86,24 @@ def write_trace(records: Iterable[TraceRecord], path: str | Path) -> int:
             fh.write(json.dumps(d) + "\n")
             n += 1
     return n
+
+
+def scale(records: Iterable[TraceRecord], copies: int, *, window_ms: float | None = None) -> list[TraceRecord]:
+    """A trace for a fleet `copies` times larger: the same request mix, `copies` times the tenants and sessions.
+
+    Copy `c` of every record keeps its timestamp, lengths and model, takes its own tenant (`<tenant>.<c>`) and its
+    own hash ids (offset by `c` times the trace's largest id + 1): no copy shares a prefix with another, so each
+    copy's sessions reuse what they reused in the original and the arrival rate grows `copies` times. Only records
+    before `window_ms` (the first part of the trace) when given. Ordered by time, then copy.
+    """
+    if copies < 1:
+        raise ValueError(f"copies must be >= 1, got {copies}")
+    base = [r for r in records if window_ms is None or r.timestamp < window_ms]
+    span = 1 + max((max(r.hash_ids, default=0) for r in base), default=0)
+    out = [TraceRecord(r.timestamp, r.input_length, r.output_length, [h + c * span for h in r.hash_ids], r.model,
+                       f"{r.tenant}.{c}" if copies > 1 else r.tenant)
+           for r in base for c in range(copies)]  # fmt: skip
+    return sorted(out, key=lambda r: r.timestamp)  # stable: copies of one record stay in copy order
 
 
 def _record(rng: random.Random, t: float, ctx: Sequence[int], out: tuple[int, int], model: str = DEFAULT,

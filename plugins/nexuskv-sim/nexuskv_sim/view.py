@@ -18,6 +18,8 @@ from nexuskv_sim.tiers import block_keys
 
 __all__ = ["DelayedView"]
 
+NEVER = float("-inf")  # the time of a node's report before it made one
+
 
 class DelayedView:
     """`ClusterView` over a running simulation."""
@@ -45,9 +47,11 @@ class DelayedView:
             for t in ("dram", "disk"):
                 self._index[t, h] = len(self._index)
         self._replicas: list[set[Hashable]] = [set() for _ in self._index]
+        self._hbm_replica = {n: self._index["hbm", n] for n in self.nodes}
+        self._host_replicas = [(h, i) for (t, h), i in self._index.items() if t != "hbm"]
         self._log: deque[tuple[float, int, Hashable, bool]] = deque()
         self._loads: dict[str, deque[tuple[float, tuple[int, int, int, int]]]] = {
-            n: deque([(float("-inf"), (0, 0, 0, 0))]) for n in self.nodes
+            n: deque([(NEVER, (0, 0, 0, 0))]) for n in self.nodes
         }
         self._keys: dict[int, tuple[Hashable, ...]] = {}
 
@@ -106,7 +110,8 @@ class DelayedView:
             while len(dq) > 1 and dq[1][0] <= cutoff:
                 dq.popleft()
             t, (q, w, d, used) = dq[0]
-            out[n] = NodeLoad(n, max(t, 0.0), q, w, d, used, self._hbm_capacity[n], self._model[n])
+            at = t if t > NEVER else -1.0  # no report yet: before time 0, so a route at time 0 is not in it
+            out[n] = NodeLoad(n, at, q, w, d, used, self._hbm_capacity[n], self._model[n])
         return out
 
     def _sets(self, node: str, tier: str) -> list[set[Hashable]]:
@@ -154,6 +159,20 @@ class DelayedView:
                 continue
             break
         return (h, d, k)
+
+    def holders(self, req: SimRequest) -> tuple[str, ...]:
+        """Nodes serving `req`'s model that hold its first block in hbm, or whose host holds it (as of the cutoff).
+
+        One set lookup per node and per host: a fleet-sized strategy asks `holdings` of these nodes only.
+        """
+        keys = self._req_keys(req)
+        if not keys:
+            return ()
+        self.advance()
+        first, replicas = keys[0], self._replicas
+        hosts = {h for h, i in self._host_replicas if first in replicas[i]}
+        host, hbm = self._host, self._hbm_replica
+        return tuple(n for n in self._by_model.get(req.model, ()) if host[n] in hosts or first in replicas[hbm[n]])
 
     def block_bytes(self, req: SimRequest) -> int:
         """Bytes of one full block of `req`'s model."""

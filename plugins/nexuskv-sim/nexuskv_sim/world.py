@@ -112,7 +112,9 @@ class World:
             self.view.advance()
             t = time.perf_counter()
             decision = self.strategy.decide(req, self.view)
-            self._decide_s += time.perf_counter() - t
+            dt = time.perf_counter() - t
+            self._decide_s += dt
+            res.decide_ms.append(dt * 1e3)
             if decision.node == "":  # refused (the tenant's route rules allow no node): it never runs
                 res.rejected += 1
                 self.view.forget(req)

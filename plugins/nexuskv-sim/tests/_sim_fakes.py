@@ -56,6 +56,12 @@ class FakeView:
     def prefix_blocks(self, node: str, tier: str, req: SimRequest) -> int:
         return self.held.get(node, (0, 0, 0))[("hbm", "dram", "disk").index(tier)]
 
+    def holdings(self, node: str, req: SimRequest) -> tuple[int, int, int]:
+        return self.held.get(node, (0, 0, 0))
+
+    def holders(self, req: SimRequest) -> tuple[str, ...]:
+        return tuple(n for n in self.nodes if any(self.held.get(n, (0, 0, 0))))
+
     def block_bytes(self, req: SimRequest) -> int:
         return BLOCK_BYTES
 

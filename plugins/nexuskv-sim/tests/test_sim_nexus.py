@@ -1,5 +1,8 @@
 """The NexusKV strategy: Kernel.route on the cluster view, plans become fetches, links are learned."""
 
+import time
+
+import attrs
 import pytest
 from _sim_fakes import BLOCK_BYTES, FakeView, request, tiny_profile
 
@@ -79,3 +82,30 @@ def test_a_request_every_node_is_excluded_from_is_refused_not_run(tmp_path):
         s.close()
     assert res.rejected == 3 and res.completed == 3 and res.requests == 6
     assert res.slo_attainment == 0.5  # the refused ones never got a first token
+
+
+def _judged(slow: bool):
+    """The figures of one run on congested links whose estimates age out after 20 simulated ms (host time: 10 ms
+    of sleep per decision when `slow`, a host under load)."""
+    records = [TraceRecord(i * 15.0, 4 * 512, 4, [1, 2, 10 + i % 5, 20 + i]) for i in range(60)]
+    s = NexusKVStrategy(tiny_profile(), links={"max_age_s": 0.02})
+    if slow:
+        decide = s.decide
+
+        def slowly(req, view):
+            time.sleep(0.01)
+            return decide(req, view)
+
+        s.decide = slowly
+    try:
+        res = simulate(records, [s], nodes=3, profile=tiny_profile(), congested=True)["nexuskv"]
+    finally:
+        s.close()
+    return {k: v for k, v in attrs.asdict(res).items() if k not in ("wall_s", "decide_s", "decide_ms")}
+
+
+def test_the_judge_gives_the_same_figures_however_loaded_the_host_is():
+    # The kernels' link estimates age on simulated time: a host ten times slower changes no decision.
+    fast, slow = _judged(False), _judged(True)
+    assert fast["completed"] == 60 and fast["reused_tokens"] > 0
+    assert slow == fast

@@ -83,8 +83,8 @@ def test_aggregated_runs_each_request_whole_on_one_node_as_the_plain_world_does(
 def nexus_on():
     made = []
 
-    def make(profile, pools):
-        s = NexusPD(profile, pools)
+    def make(profile, pools, **kw):
+        s = NexusPD(profile, pools, **kw)
         made.append(s)
         return s
 
@@ -97,7 +97,7 @@ def test_on_a_near_dead_link_nexuskv_recomputes_once_it_has_measured_it_and_beat
     p = tiny_profile(block_ms={"nic": 3000.0})  # 3 s a block: recomputing 4 blocks on the decode node takes 22 ms
     pools = Pools(["p0"], ["d0", "d1"])
     reqs = spaced(8)
-    nexus = nexus_on(p, pools)
+    nexus = nexus_on(p, pools, links={"max_age_s": 3600.0})  # a measured link stays measured for the whole run
     res = pd_world(reqs, nexus, pools, p).run()
     base = pd_world(reqs, AlwaysTransfer(pools), pools, p).run()
     # the first handoffs trust the datasheet prior and transfer; their 12 s each teach the scheduler the link (the
@@ -109,6 +109,19 @@ def test_on_a_near_dead_link_nexuskv_recomputes_once_it_has_measured_it_and_beat
     assert res.decode_prefill_tokens >= res.recomputes * 4 * BLOCK
     assert res.mean_ttft_ms < base.mean_ttft_ms / 5
     assert res.completed == base.completed == 8
+
+
+def test_a_slow_links_estimate_ages_on_simulated_time_and_the_link_is_measured_again(nexus_on):
+    # The kernels' clock is simulated time: with the default max_age_s (30 s), a link judged too slow is tried again
+    # once its estimate is 30 simulated seconds old (the kernel's design for a link that may have recovered).
+    p = tiny_profile(block_ms={"nic": 3000.0})
+    pools = Pools(["p0"], ["d0", "d1"])
+    reqs = spaced(8)  # 70 simulated seconds
+    kept = pd_world(reqs, nexus_on(p, pools, links={"max_age_s": 3600.0}), pools, p).run()
+    aged = pd_world(reqs, nexus_on(p, pools), pools, p).run()
+    assert kept.transfers < aged.transfers < 8
+    again = pd_world(reqs, nexus_on(p, pools), pools, p).run()
+    assert (again.transfers, again.ttft_ms) == (aged.transfers, aged.ttft_ms)  # deterministic
 
 
 def test_on_a_fast_link_nexuskv_transfers(nexus_on):

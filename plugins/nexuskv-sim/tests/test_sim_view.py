@@ -30,7 +30,7 @@ def test_holdings_and_loads_show_after_the_report_delay():
     delayed = run(50.0)
     assert delayed[1][1] == 0 and delayed[1][2] == (0, 0, 0)  # 30 - 50 < 0: nothing known yet
     assert delayed[2][1] == 2 and delayed[2][2] == (2, 2, 2)  # 100 - 50 = 50 > 11.24
-    assert delayed[1][3] == 0 and delayed[1][4] == 0.0
+    assert delayed[1][3] == 0 and delayed[1][4] == -1.0  # no report yet: dated before time 0
     exact = run(0.0)
     assert exact[1][1] == 2 and exact[1][2] == (2, 2, 2)
 

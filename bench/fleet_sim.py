@@ -1,0 +1,76 @@
+"""The routers at fleet size on the cluster simulator: 64, 256 and 1,024 nodes, NexusKV routing with its real code.
+
+Run: `.venv/bin/python bench/fleet_sim.py ../shared/traces/mooncake_synthetic_trace.jsonl` (about 25 minutes here).
+
+The shared trace is sized for 8 nodes. For N nodes it is scaled by N / 8 (`nexuskv_sim.trace.scale`): every record
+copied N / 8 times, each copy with its own tenant and its own hash ids, so the request mix, each session's reuse
+and the load per node stay those of the 8-node run while tenants, sessions and the arrival rate grow with the
+fleet. The whole trace runs at 8 and 64 nodes; at 256 and 1,024 only its first `WINDOW_S` seconds (printed), so a
+run stays within minutes: the first minutes of the trace reuse less than the whole (its sessions come back
+later), so those sizes are compared with each other, not with the whole-trace ones.
+
+Per size and router: mean, p50 and p99 TTFT, reused tokens, and the median host time of one routing decision
+(the strategy's whole `decide`, NexusKV's including the simulator glue that builds its node reports and feeds
+its index; the median, so a strategy's one-time set-up, NexusKV's calibration in its first decision, does not
+count). NexusKV routes with `Kernel.route` (one pass over the fleet, `nexuskv.planning.fleet`) on simulated
+time: the same trace gives the same figures on any host (plugins/nexuskv-sim/tests/test_sim_nexus.py).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import quick, result
+from nexuskv import configure_logging
+from nexuskv_sim.simulate import simulate
+from nexuskv_sim.trace import generate, read_trace, scale
+
+RESULTS = ("sim.fleet_nexuskv_mean_ttft_over_best_64", "sim.fleet_nexuskv_mean_ttft_over_best_256",
+           "sim.fleet_route_host_time_over_slowest_baseline")  # fmt: skip
+BASELINES = ("never", "round-robin", "sglang", "dynamo", "llm-d", "mooncake")
+SIZES = quick((8, 64, 256, 1024), (8, 16))
+WINDOW_S = quick({8: 1100.0, 64: 1100.0, 256: 300.0, 1024: 60.0}, {8: 60.0, 16: 60.0})  # 1,100 s: the whole trace
+
+
+def run(records: list, nodes: int) -> dict[str, dict[str, float]]:
+    scaled = scale([r for r in records if r.timestamp < WINDOW_S[nodes] * 1e3], max(1, nodes // 8))
+    t = time.perf_counter()
+    results = simulate(scaled, [*BASELINES, "nexuskv"], nodes=nodes)
+    out = {}
+    for name, r in results.items():
+        out[name] = {"mean": r.mean_ttft_ms, "p50": r.p50_ttft_ms, "p99": r.p99_ttft_ms,
+                     "reuse": r.reused_tokens / max(1, r.input_tokens),
+                     "decide_ms": r.decide_p50_ms, "completed": r.completed}  # fmt: skip
+    print(f"\n{nodes} nodes: {len(scaled)} requests (the first {WINDOW_S[nodes]:g} s x {max(1, nodes // 8)} copies), "
+          f"{time.perf_counter() - t:.0f} s", flush=True)  # fmt: skip
+    print(f"{'router':>12} {'mean ms':>9} {'p50 ms':>8} {'p99 ms':>9} {'reuse':>6} {'host ms/decision p50':>21}")
+    for name, f in out.items():
+        print(f"{name:>12} {f['mean']:9.1f} {f['p50']:8.1f} {f['p99']:9.1f} {f['reuse']:6.3f} {f['decide_ms']:21.3f}",
+              flush=True)  # fmt: skip
+    best = min(BASELINES, key=lambda b: out[b]["mean"])
+    slowest = max(BASELINES, key=lambda b: out[b]["decide_ms"])
+    print(f"nexuskv / best other ({best}) mean TTFT: {out['nexuskv']['mean'] / out[best]['mean']:.3f}; "
+          f"host time / slowest baseline ({slowest}): {out['nexuskv']['decide_ms'] / out[slowest]['decide_ms']:.2f}")
+    out["_"] = {"over_best": out["nexuskv"]["mean"] / out[best]["mean"],
+                "host_over_slowest": out["nexuskv"]["decide_ms"] / out[slowest]["decide_ms"]}
+    return out
+
+
+def main() -> None:
+    configure_logging(json=True, stream=io.StringIO(), force=True)
+    path = sys.argv[1] if len(sys.argv) > 1 else None
+    records = list(read_trace(path)) if path else list(generate(quick(4000, 300), seed=3, rate_per_s=4.0))
+    got = {n: run(records, n) for n in SIZES}
+    big = [n for n in SIZES if n >= 64] or list(SIZES)
+    result("sim.fleet_nexuskv_mean_ttft_over_best_64", got.get(64, got[SIZES[-1]])["_"]["over_best"], "<=", 0.95)
+    result("sim.fleet_nexuskv_mean_ttft_over_best_256", got.get(256, got[SIZES[-1]])["_"]["over_best"], "<=", 0.95)
+    result("sim.fleet_route_host_time_over_slowest_baseline", max(got[n]["_"]["host_over_slowest"] for n in big),
+           "<=", 2.0)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
