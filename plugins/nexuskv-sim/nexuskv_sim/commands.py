@@ -17,6 +17,10 @@ __all__ = ["gen_trace_command", "simulate_command"]
               help="Comma-separated built-in strategy names.")
 @click.option("--congested", is_flag=True, help="Scale NIC and disk bandwidth by the profile's [congested] factors.")
 @click.option("--limit", type=int, default=None, help="Only the first N requests of the trace.")
+@click.option("--scale", "copies", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Copies of the trace, each with its own tenants and prefixes (a fleet COPIES times larger).")
+@click.option("--window-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Only the records of the first SECONDS of the trace.")
 @click.option("--slo-ms", type=float, default=2000.0, show_default=True, help="TTFT SLO for the attainment column.")
 @click.option("--report-delay-ms", type=float, default=50.0, show_default=True,
               help="How stale the cluster view strategies see is.")
@@ -26,24 +30,29 @@ __all__ = ["gen_trace_command", "simulate_command"]
               help="Simulator profile TOML (default: the one shipped with the plugin).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a TTFT CDF PNG.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
-def simulate_command(trace: str, nodes: int, strategies: str, congested: bool, limit: int | None, slo_ms: float,
-                     report_delay_ms: float, engines_per_host: int, profile_path: str | None,
-                     plot_path: str | None, json_path: str | None) -> None:  # fmt: skip
+def simulate_command(trace: str, nodes: int, strategies: str, congested: bool, limit: int | None, copies: int,
+                     window_s: float | None, slo_ms: float, report_delay_ms: float, engines_per_host: int,
+                     profile_path: str | None, plot_path: str | None, json_path: str | None) -> None:  # fmt: skip
     """Run strategies over TRACE (Mooncake JSONL) on a simulated cluster and print a table per strategy."""
     from nexuskv_sim.metrics import summary
     from nexuskv_sim.profile import default_profile, load_profile
     from nexuskv_sim.routers_sched import STRATEGIES
     from nexuskv_sim.simulate import plot_ttft, simulate
-    from nexuskv_sim.trace import read_trace
+    from nexuskv_sim.trace import read_trace, scale
 
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown:
         raise click.BadParameter(f"unknown {unknown}; built in: {', '.join(STRATEGIES)}", param_hint="--strategies")
     profile = load_profile(profile_path) if profile_path else default_profile()
-    results = simulate(read_trace(trace), names, nodes=nodes, profile=profile, congested=congested, limit=limit,
+    records = read_trace(trace)
+    if copies > 1 or window_s is not None:
+        records = scale(records, copies, window_ms=None if window_s is None else window_s * 1e3)  # type: ignore[assignment]
+    results = simulate(records, names, nodes=nodes, profile=profile, congested=congested, limit=limit,
                        slo_ms=slo_ms, report_delay_ms=report_delay_ms, engines_per_host=engines_per_host)  # fmt: skip
-    title = f"{Path(trace).name}: {nodes} nodes{', congested' if congested else ''}"
+    scaled = f", x{copies}" if copies > 1 else ""
+    window = f", first {window_s:g} s" if window_s is not None else ""
+    title = f"{Path(trace).name}{scaled}{window}: {nodes} nodes{', congested' if congested else ''}"
     click.echo(title)
     click.echo(summary(results))
     if json_path:

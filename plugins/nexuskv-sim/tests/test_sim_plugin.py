@@ -37,3 +37,15 @@ def test_commands_are_registered_through_the_plugin_hook(tmp_path):
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0
     assert "simulate" in out.stdout and "gen-trace" in out.stdout
+
+
+def test_simulate_scales_the_trace_to_a_fleet(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    CliRunner().invoke(gen_trace_command, [str(trace), "--requests", "30", "--seed", "2", "--rate", "2"])
+    window = sum(1 for r in read_trace(trace) if r.timestamp < 5000)
+    got = CliRunner().invoke(simulate_command, [str(trace), "--nodes", "6", "--strategies", "never,nexuskv",
+                                                "--scale", "3", "--window-s", "5"])  # fmt: skip
+    assert got.exit_code == 0, got.output
+    lines = got.output.splitlines()
+    assert lines[0] == "t.jsonl, x3, first 5 s: 6 nodes"
+    assert lines[2].split()[:3] == ["never", str(3 * window), str(3 * window)]

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from nexuskv import ContractError
-from nexuskv_sim.trace import BLOCK_TOKENS, TraceRecord, generate, generate_mixed, read_trace, write_trace
+from nexuskv_sim.trace import BLOCK_TOKENS, TraceRecord, generate, generate_mixed, read_trace, scale, write_trace
 
 
 def test_round_trip_keeps_models_and_tenants(tmp_path):
@@ -75,3 +75,17 @@ def test_token_ids_follow_the_hash_ids_block_by_block():
     assert len(a) == 1034 and len(b) == 1536
     assert a[:1024] == b[:1024] and a[1024:] != b[1024:1034]  # equal prefix ids, equal tokens; then they differ
     assert a[:3] == [512, 513, 514]
+
+
+def test_scale_copies_each_record_with_its_own_tenant_and_prefixes():
+    recs = [TraceRecord(0.0, 2 * BLOCK_TOKENS, 3, [0, 1]), TraceRecord(10.0, BLOCK_TOKENS, 1, [0]),
+            TraceRecord(5000.0, BLOCK_TOKENS, 1, [7])]  # fmt: skip
+    got = scale(recs, 3, window_ms=100.0)
+    assert [r.timestamp for r in got] == [0.0, 0.0, 0.0, 10.0, 10.0, 10.0]
+    assert [r.tenant for r in got[:3]] == ["default.0", "default.1", "default.2"]
+    assert [r.hash_ids for r in got[:3]] == [(0, 1), (2, 3), (4, 5)]  # ids offset by (largest id + 1) per copy
+    assert [r.hash_ids for r in got[3:]] == [(0,), (2,), (4,)]  # the same session, within its own copy
+    assert {(r.input_length, r.output_length) for r in got[:3]} == {(2 * BLOCK_TOKENS, 3)}
+    assert scale(recs, 1) == recs
+    with pytest.raises(ValueError, match="copies"):
+        scale(recs, 0)
