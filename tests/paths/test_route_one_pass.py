@@ -59,7 +59,7 @@ def kernel(rules: str | None) -> Kernel:
                        tiers={"dram": {"store": "dram", "capacity_bytes": "1MiB"},
                               "disk": {"store": "dram", "capacity_bytes": "1MiB"}},
                        transports=("local", "tcp"), prefetch_max_tasks=0,
-                       breaker_cooldown_s=3600.0)  # a broken breaker stays open while both routers ask it
+                       breaker_cooldown_s=0.0)  # broken breakers are half-open at once: routes only peek at them
     return Kernel(cfg, secret=SECRET)
 
 
@@ -142,3 +142,20 @@ def test_nodes_that_cannot_win_are_not_priced_and_the_decision_says_the_same(ker
     assert fast.node == "n30" and {o.node for o in fast.options} == {"n30", "n0"}  # the best, the next best
     every = k.route(req, idle, keys=keys, all_options=True)
     assert len(every.options) == 40 and every.node == "n30" and every.option("n30") == fast.option("n30")
+
+
+def test_a_route_leaves_a_half_open_breakers_trial_to_the_plan(kernels):
+    # a route is judged, never executed: it peeks at breakers; the trial is the chosen node's plan's to take
+    k = kernels["none"]
+    req = make_request(range(11, 11 + PAGE * 8))
+    keys = k.keys(req)
+    k.index.insert_many(keys, Location("disk", "router", 1))
+    k.health.breaker("disk").failure("down", severe=True)  # cooldown 0: the next `allow` would take the trial
+    try:
+        for one_pass in (True, False):
+            k.router.one_pass = one_pass
+            d = k.route(req, [NodeState("router"), NodeState("other")], keys=keys, deadline_ms=10_000)
+            assert d.option(d.node).reuse_tokens == 0  # the disk is not closed: nobody plans on it
+            assert k.health.breaker("disk").state == "open"  # and the route took no trial
+    finally:
+        k.health.breaker("disk").success()

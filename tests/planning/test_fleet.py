@@ -92,3 +92,29 @@ def test_a_node_reads_its_own_blocks_and_the_rest_from_the_best_peer(tier):
     # another node: a's DRAM copy is as good as b's (ties go to the name); a's engine cache is a's alone
     assert fleet.runs("z") == (([(0, 2, "dram", "a"), (2, 4, "dram", "b")] if tier == "dram"
                                 else [(0, 4, "dram", "b")]), 4)  # fmt: skip
+
+
+def test_more_than_256_distinct_holdings_are_runs_too():
+    # every block held at its own epoch: 300 distinct holdings in one match, as long prompts over a fleet give
+    req = make_request(range(PAGE * 300), layout=LAYOUT)
+    keys = KEYER.request_keys(req)
+    idx = DictIndex()
+    for i, key in enumerate(keys):
+        idx.insert(key, Location("dram", "a", i), 3)
+    planner = Planner(CostModel(default_profile()), Health(), TIERS, remote_transport="tcp")
+    match = idx.match(keys, req.layout)
+    fleet = FleetRuns(planner, req, match)
+    for node in ("a", "b"):
+        runs, end = fleet.runs(node)
+        assert planner.priced(runs, end, node=node, page=PAGE) == planner.candidates(req, match, node=node)
+    assert fleet.runs("b") == ([(0, 300, "dram", "a")], 300)
+
+
+def test_a_location_without_a_node_name_is_read_like_any_other():
+    # a shared tier's entry with no node (as some stores publish): every node reads it, holder or not
+    req, match, planner = build([[("shm", "", 3)]], (), False, False, 0)
+    fleet = FleetRuns(planner, req, match)
+    for node in ("a", "z"):
+        runs, end = fleet.runs(node)
+        assert planner.priced(runs, end, node=node, page=PAGE) == planner.candidates(req, match, node=node)
+    assert fleet.runs("z") == ([(0, 1, "shm", "")], 1)

@@ -147,7 +147,9 @@ class Router:
             policies = reads.policies  # one revision for every node's plan
             policy = policies.for_tenant(request.tenant) if policies is not None else None
             stage = "pricing"
-            planner = reads.planner.routing()  # engine-resident blocks count for their own node
+            # Routes are judged, never executed: breakers are only peeked at (a half-open one's trial is left to the
+            # plan of the node the request goes to), and engine-resident blocks count for their own node.
+            planner = reads.planner.judging().routing()
             if self.one_pass and one_pass_applies(request) and not (policy is not None and policy.rules.get("reuse")):
                 options = self._price_fleet(planner, request, match, policy, nodes, end, every)
             else:
@@ -237,8 +239,12 @@ class Router:
             terms = plan[0]
             keyed.append((queue + terms[1] - (min(queue, terms[2]) if ns.overlap_loads else 0.0), queue, ns.node, i))
         if weighted or every:  # a weight can lift any node: every one is judged
-            return [self._option(request, nodes[i], *plans[fleet.signature(nodes[i].node)], policy)
-                    for *_, i in keyed]  # fmt: skip
+            out = []
+            for j, (*_, i) in enumerate(keyed):
+                if j and j % 64 == 0:
+                    check(end, "pricing")
+                out.append(self._option(request, nodes[i], *plans[fleet.signature(nodes[i].node)], policy))
+            return out
         # By prediction: the best allowed node, every node within rounding of it (ties break on the queue and the
         # name, `_rank`) and the next allowed one; the others cannot be chosen, and route rules do not judge them.
         heapq.heapify(keyed)
@@ -247,6 +253,8 @@ class Router:
         first: tuple[float, float] | None = None  # the best allowed node's (prediction, queue)
         while keyed and (len(allowed) < 2 or keyed[0][0] <= _band(allowed[0])):
             predicted, queue, node, i = heapq.heappop(keyed)
+            if len(options) % 64 == 63:
+                check(end, "pricing")
             if len(allowed) >= 2 and (predicted, queue) == first:
                 continue  # an exact tie of the best ranks after it by name: it cannot be chosen
             option = self._option(request, nodes[i], *plans[fleet.signature(node)], policy)

@@ -75,7 +75,7 @@ class NodeState:
         to strings; a `ValueError` names the field.
         """
         node = self.node
-        if type(node) is not str or not node:
+        if not isinstance(node, str) or not node:
             raise ValueError(f"NodeState.node must be a non-empty string, got {node!r}")
         q, w, r = self.queued_prefill_tokens, self.waiting_requests, self.running_decodes
         if not (type(q) is int and type(w) is int and type(r) is int and q >= 0 and w >= 0 and r >= 0):
@@ -87,10 +87,8 @@ class NodeState:
         qm = self.queue_ms
         if qm is not None and (type(qm) is not float or not 0.0 <= qm < math.inf):
             object.__setattr__(self, "queue_ms", _ms("queue_ms", qm))
-        labels = self.labels
-        if type(labels) is not dict:
-            labels = _as_labels(labels)
-            object.__setattr__(self, "labels", labels)
+        labels = _as_labels(self.labels)  # a copy: the caller's dict changing later changes nothing here
+        object.__setattr__(self, "labels", labels)
         if not isinstance(labels, dict) or (labels and not all(isinstance(k, str) and isinstance(v, str)
                                                                for k, v in labels.items())):  # fmt: skip
             raise ValueError(f"NodeState.labels must map strings to strings, got {labels!r}")

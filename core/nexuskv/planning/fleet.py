@@ -19,6 +19,7 @@ checkpointed groups (sliding-window, recurrent) need each block's checkpoints, w
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from nexuskv.contracts import Request
@@ -67,7 +68,7 @@ class FleetRuns:
         self._at: dict[int, list[int]] = {}  # holding -> positions of its code runs
         for p, (_, _, i) in enumerate(self._code_runs):
             self._at.setdefault(i, []).append(p)
-        self._base = tuple(self._source(i, "") for _, _, i in self._code_runs)  # what a non-holder reads
+        self._base = tuple(self._source(i, None) for _, _, i in self._code_runs)  # what a non-holder reads
 
     def signature(self, node: str) -> tuple[tuple[str, str], ...]:
         """`node`'s source of each run of the match, its own name as `SELF` (equal signatures: equal plans)."""
@@ -95,10 +96,10 @@ class FleetRuns:
                 out.append((first, end, src[0], where))
         return out, (out[-1][1] if out else 0)
 
-    def _source(self, i: int, node: str) -> tuple[str, str]:
-        """The best source of holding `i` for `node` (a holder's own first; "" is any non-holder)."""
+    def _source(self, i: int, node: str | None) -> tuple[str, str]:
+        """The best source of holding `i` for `node` (a holder's own first; None is any non-holder)."""
         r = self._ranked[i]
-        if node:
+        if node is not None:
             for tier in r.own.get(node, ()):
                 if tier == RESIDENT_TIER or tier in self._healthy:
                     return tier, node
@@ -164,26 +165,34 @@ def _ranking(h: Holding | None, static: tuple[int, bool, tuple[str, ...], frozen
 def _compress(match: Match, limit: int) -> tuple[list[Holding | None], list[tuple[int, int, int]]]:
     """The distinct holdings of the first `limit` blocks, and the runs of blocks with one holding (by index).
 
-    Each block becomes one byte naming its holding, so a run is what `lstrip` removes (C speed per run).
+    With at most 256 distinct holdings each block becomes one byte naming its holding, so a run is what `lstrip`
+    removes (C speed per run); with more, the runs are found item by item.
     """
     if match.codes is not None and match.decode is not None:
         seq: Sequence[object] = match.codes[:limit]
         decode = match.decode
         distinct: list[object] = list(match.distinct_codes or set(seq))
-        holdings = [decode[c] for c in distinct]  # type: ignore[index]
     else:
         seq = match.entries[:limit]
+        decode = None
         distinct = list(match.distinct)
-        holdings = distinct  # type: ignore[assignment]
-    if len(distinct) > 256:
-        raise ValueError("too many distinct holdings in one match")
+    if len(distinct) > 256:  # many holdings (long prompts over a fleet): only those of the first `limit` blocks
+        distinct = list(dict.fromkeys(seq))
     idx = {c: i for i, c in enumerate(distinct)}
-    data = bytes(map(idx.__getitem__, seq))
+    holdings = [decode[c] if decode is not None else c for c in distinct]  # type: ignore[index]
     runs = []
-    start, n = 0, len(data)
-    while start < n:
-        rest = data[start:]
-        end = start + len(rest) - len(rest.lstrip(rest[:1]))
-        runs.append((start, end, rest[0]))
-        start = end
+    if len(distinct) <= 256:
+        data = bytes(map(idx.__getitem__, seq))
+        start, n = 0, len(data)
+        while start < n:
+            rest = data[start:]
+            end = start + len(rest) - len(rest.lstrip(rest[:1]))
+            runs.append((start, end, rest[0]))
+            start = end
+    else:
+        start = 0
+        for item, group in itertools.groupby(seq):
+            end = start + sum(1 for _ in group)
+            runs.append((start, end, idx[item]))
+            start = end
     return holdings, runs  # type: ignore[return-value]
