@@ -192,3 +192,37 @@ def test_links_config_is_checked():
         link_estimates({"measure": True, "decay_rate": 0.8}, default_profile())
     with pytest.raises(ConfigError, match=r"decay must be in \(0, 1\)"):
         link_estimates({"measure": True, "decay": 2}, default_profile())
+
+
+def test_an_aged_estimate_is_looked_at_in_one_probe_window_per_max_age():
+    # On a link that stays slow, only the decisions of a short window per max_age_s price it by the profile: the
+    # others keep the last estimate until a sample lands (a load in the window measures the link again).
+    now = [0.0]
+    links = LinkEstimates(default_profile(), min_samples=1, max_age_s=30.0, probe_s=1.0, clock=lambda: now[0])
+    mib = float(1 << 20)
+    for _ in range(4):
+        links.observe("peer:x", mib, 0.100)
+    slow = links.get("peer:x")
+    assert slow is not None and slow.transfer_ms(mib) > 80
+    now[0] = 31.0
+    assert links.get("peer:x") is None  # aged: the window opens, the profile prices the link
+    now[0] = 31.9
+    assert links.get("peer:x") is None  # still in the window
+    now[0] = 32.0
+    assert links.get("peer:x") == slow  # no sample came: the last estimate stands again
+    now[0] = 60.9
+    assert links.get("peer:x") == slow
+    now[0] = 61.0
+    assert links.get("peer:x") is None  # max_age_s after the last window: another one
+    links.observe("peer:x", mib, 0.100)  # the window's load: still slow, counted in full
+    now[0] = 61.5
+    assert links.get("peer:x").transfer_ms(mib) > 50  # fresh again (the prior fades): no window
+
+
+def test_probe_s_is_checked():
+    from nexuskv import ConfigError
+    from nexuskv.planning.links import link_estimates
+
+    assert link_estimates({"probe_s": 0.25}, default_profile()).probe_s == 0.25
+    with pytest.raises(ConfigError, match="probe_s"):
+        link_estimates({"probe_s": -1}, default_profile())

@@ -79,7 +79,8 @@ def link_status(kernel: Any) -> dict[str, dict[str, Any]]:
                                "transfers": counts.get(("link_transfers", name), 0)}  # fmt: skip
         row.update(estimates.get(name, {}))
         # what plans price: an estimate with enough samples, recent enough (otherwise the profile's figure)
-        row["trusted"] = kernel.links is not None and name in estimates and kernel.links.get(name) is not None
+        links = kernel.links
+        row["trusted"] = links is not None and name in estimates and links.get(name, probe=False) is not None
         out[name] = row
     return out
 

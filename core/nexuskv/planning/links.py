@@ -10,11 +10,14 @@ clipped to that distance before it counts, unless the two samples before it were
 direction: one or two stalls move the estimate a little; a lasting change, confirmed by its third sample, counts
 in full and makes the samples from before it fade at once. The bandwidth is capped at 10x the profile's (a flat
 fitted line must not price large transfers as free). `LinkEstimates.get` answers only after
-`min_samples` samples, and forgets an estimate no sample refreshed for `max_age_s`: the profile prices the
-link then, so a link judged too slow to load from is tried again (and measured again) once its estimate is
-that old; the first sample after that counts in full and the samples before it fade at once (the link is
-looked at anew: a recovered link is believed after one load, a still-slow one stays priced slow). Updates and
-reads are safe from many threads: each link has a lock, and readers take an immutable `LinkEstimate`.
+`min_samples` samples. An estimate no sample refreshed for `max_age_s` is looked at anew: for the `probe_s`
+that follow (a probe window) the profile prices the link, so a link judged too slow to load from is tried
+again and measured again; the first sample after that counts in full and the samples before it fade at once
+(a recovered link is believed after one load, a still-slow one stays priced slow). Outside the window the last
+estimate stands until a sample lands or `max_age_s` more pass (then another window): on a link that stays
+slow, only the decisions of one short window per `max_age_s` pay for the look, not every decision until a
+slow load comes back. Time is the kernel's clock (a simulator's when it passes one). Updates and reads are safe
+from many threads: each link has a lock, and readers take an immutable `LinkEstimate`.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class LinkEstimator:
         self._lock = threading.Lock()
         self._clock = clock
         self.updated = clock()
+        self._probe_from = -math.inf  # when the last probe window opened
         self.estimate = self._solve(0)
 
     def _solve(self, samples: int) -> LinkEstimate:
@@ -123,13 +127,26 @@ class LinkEstimator:
             return self.estimate
 
 
+    def probing(self, now: float, max_age_s: float, window_s: float, *, open_one: bool = True) -> bool:
+        """Whether an estimate older than `max_age_s` is in its probe window now.
+
+        A window opens (with `open_one`) when none is open and the last one opened `max_age_s` or more ago.
+        """
+        with self._lock:
+            if open_one and now - self._probe_from >= max_age_s:
+                self._probe_from = now
+            return now - self._probe_from < window_s
+
+
 class LinkEstimates:
     """Estimators of every link a kernel reads from, keyed by tier or transport name."""
 
     def __init__(self, profile: CostProfile, decay: float = 0.9, min_samples: int = 8,
-                 max_age_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        """`clock`: monotonic seconds that estimates age on (`max_age_s`); a simulator passes simulated time."""
+                 max_age_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 probe_s: float = 1.0) -> None:  # fmt: skip
+        """`clock`: monotonic seconds that estimates age on (`max_age_s`, `probe_s`); a simulator passes its own."""
         self.profile = profile
+        self.probe_s = probe_s
         self.clock = clock
         self.decay = decay
         self.min_samples = min_samples
@@ -153,13 +170,17 @@ class LinkEstimates:
             est = self._estimator(name)
             est.observe(nbytes, seconds, max_age_s=self.max_age_s)
 
-    def get(self, name: str) -> LinkEstimate | None:
-        """The link's estimate once it has `min_samples` samples (None before: the profile prices it)."""
+    def get(self, name: str, *, probe: bool = True) -> LinkEstimate | None:
+        """The link's estimate once it has `min_samples` samples (None before: the profile prices it).
+
+        None too while an aged estimate is in its probe window; `probe=False` (a metrics scrape) never opens one.
+        """
         est = self._links.get(name)
         if est is None or est.estimate.samples < self.min_samples:
             return None
-        if self.clock() - est.updated > self.max_age_s:
-            return None  # too old to trust: price by the profile, and let a load measure the link again
+        now = self.clock()
+        if now - est.updated > self.max_age_s and est.probing(now, self.max_age_s, self.probe_s, open_one=probe):
+            return None  # too old to trust, in its probe window: the profile prices it, a load measures it again
         return est.estimate
 
     def snapshot(self) -> Mapping[str, dict[str, float]]:
@@ -172,19 +193,25 @@ class LinkEstimates:
 
 def link_estimates(config: Mapping[str, object], profile: CostProfile,
                    clock: Callable[[], float] = time.monotonic) -> LinkEstimates | None:  # fmt: skip
-    """The `[links]` table of a kernel config: estimates unless `measure = false` (decay, min_samples, max_age_s)."""
-    unknown = set(config) - {"measure", "decay", "min_samples", "max_age_s"}
+    """The `[links]` table of a kernel config: estimates unless `measure = false`.
+
+    Keys: decay, min_samples, max_age_s, probe_s.
+    """
+    unknown = set(config) - {"measure", "decay", "min_samples", "max_age_s", "probe_s"}
     if unknown:
-        raise ConfigError(f"[links]: unknown keys {sorted(unknown)} (known: measure, decay, min_samples, max_age_s)")
+        raise ConfigError(f"[links]: unknown keys {sorted(unknown)} "
+                          "(known: measure, decay, min_samples, max_age_s, probe_s)")  # fmt: skip
     if not config.get("measure", True):
         return None
     try:
         decay = float(config.get("decay", 0.9))  # type: ignore[arg-type]
         min_samples = int(config.get("min_samples", 8))  # type: ignore[call-overload]
         max_age_s = float(config.get("max_age_s", 30.0))  # type: ignore[arg-type]
-        if not 0.0 < decay < 1.0 or min_samples < 1 or max_age_s <= 0:
+        probe_s = float(config.get("probe_s", 1.0))  # type: ignore[arg-type]
+        if not 0.0 < decay < 1.0 or min_samples < 1 or max_age_s <= 0 or not 0 <= probe_s < math.inf:
             raise ValueError
     except (TypeError, ValueError):
-        raise ConfigError("[links]: decay must be in (0, 1), min_samples a positive integer and max_age_s positive"
-                          ) from None  # fmt: skip
-    return LinkEstimates(profile, decay=decay, min_samples=min_samples, max_age_s=max_age_s, clock=clock)
+        raise ConfigError("[links]: decay must be in (0, 1), min_samples a positive integer, max_age_s positive "
+                          "and probe_s finite and >= 0") from None  # fmt: skip
+    return LinkEstimates(profile, decay=decay, min_samples=min_samples, max_age_s=max_age_s, clock=clock,
+                         probe_s=probe_s)  # fmt: skip
