@@ -97,7 +97,7 @@ class KernelConfig:
     # how long a prefill node's handoff grant stays usable (P/D disaggregation: nexuskv.storage.handoff)
     handoff_ttl_s: float = field(default=60.0, validator=attrs.validators.gt(0))
     bandwidth_scale: dict[str, float] = field(factory=dict)
-    links: dict[str, Any] = field(factory=dict)  # [links] measure = true (the default), decay = 0.9, min_samples = 8
+    links: dict[str, Any] = field(factory=dict)  # [links] measure, decay, min_samples, max_age_s, probe_s
     demote: bool = True
     promote_on_hit: bool = True  # a hit in a slower tier is copied to the tier the `place` rules choose
     eviction: str = field(default="cost", validator=attrs.validators.in_(("cost", "lru")))
