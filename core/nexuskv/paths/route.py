@@ -217,7 +217,7 @@ class Router:
             got = plans.get(sig)
             if got is None:  # the first node of this signature decides for all of them
                 check(end, "pricing")
-                runs, stop = fleet.runs(node)
+                runs, stop = fleet.runs(node, sig)
                 cands = planner.priced(runs, stop, node=node, page=page, bandwidth_scale=reads.bandwidth_scale,
                                        deadline=end)  # fmt: skip
                 chosen, prefetch = choose_unruled(planner, cands, min_gain, reads.prefetch_target, page, node)
@@ -228,6 +228,7 @@ class Router:
         weighted = bool(rules) and any(r.effect == RouteEffect.WEIGHT for r in rules)
         shared = None  # the non-holders' plan: one for all of them
         keyed = []
+        plan_at = []  # each node's plan, by its position in `nodes`
         for i, ns in enumerate(nodes):
             if i and i % 256 == 0:
                 check(end, "pricing")
@@ -235,35 +236,35 @@ class Router:
                 plan = plan_of(ns.node)
             else:
                 plan = shared = shared or plan_of(ns.node)
+            plan_at.append(plan)
             queue = _queue_ms(cost, ns)
             terms = plan[0]
             keyed.append((queue + terms[1] - (min(queue, terms[2]) if ns.overlap_loads else 0.0), queue, ns.node, i))
         if weighted or every:  # a weight can lift any node: every one is judged
             out = []
-            for j, (*_, i) in enumerate(keyed):
-                if j and j % 64 == 0:
+            for i, ns in enumerate(nodes):
+                if i and i % 64 == 0:
                     check(end, "pricing")
-                out.append(self._option(request, nodes[i], *plans[fleet.signature(nodes[i].node)], policy))
+                out.append(self._option(request, ns, *plan_at[i], policy))
             return out
         # By prediction: the best allowed node, every node within rounding of it (ties break on the queue and the
         # name, `_rank`) and the next allowed one; the others cannot be chosen, and route rules do not judge them.
         heapq.heapify(keyed)
-        options: list[RouteOption] = []
+        options: list[tuple[int, RouteOption]] = []
         allowed: list[float] = []
         first: tuple[float, float] | None = None  # the best allowed node's (prediction, queue)
         while keyed and (len(allowed) < 2 or keyed[0][0] <= _band(allowed[0])):
-            predicted, queue, node, i = heapq.heappop(keyed)
+            predicted, queue, _, i = heapq.heappop(keyed)
             if len(options) % 64 == 63:
                 check(end, "pricing")
             if len(allowed) >= 2 and (predicted, queue) == first:
                 continue  # an exact tie of the best ranks after it by name: it cannot be chosen
-            option = self._option(request, nodes[i], *plans[fleet.signature(node)], policy)
-            options.append(option)
+            option = self._option(request, nodes[i], *plan_at[i], policy)
+            options.append((i, option))
             if not option.excluded:
                 allowed.append(predicted)
                 first = first or (predicted, queue)
-        order = {ns.node: i for i, ns in enumerate(nodes)} if len(options) > 1 else {}
-        return sorted(options, key=lambda o: order.get(o.node, 0))  # as the nodes came: reasons list them so
+        return [o for _, o in sorted(options, key=lambda p: p[0])]  # as the nodes came: reasons list them so
 
     def _option(self, request: Request, ns: NodeState, terms: _Terms, prefetch: Sequence[tuple[int, int, str, str]],
                 rep: str, policy: Any) -> RouteOption:  # fmt: skip

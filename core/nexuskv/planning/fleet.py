@@ -83,10 +83,14 @@ class FleetRuns:
                 srcs[p] = src
         return tuple(srcs)
 
-    def runs(self, node: str) -> tuple[list[Run], int]:
-        """`node`'s source runs over its usable prefix, and that prefix's end (in blocks)."""
+    def runs(self, node: str, signature: tuple[tuple[str, str], ...] | None = None) -> tuple[list[Run], int]:
+        """`node`'s source runs over its usable prefix, and that prefix's end (in blocks).
+
+        `signature` is `signature(node)` when the caller has it already.
+        """
         out: list[Run] = []
-        for (first, end, _), src in zip(self._code_runs, self.signature(node), strict=True):
+        sig = self.signature(node) if signature is None else signature
+        for (first, end, _), src in zip(self._code_runs, sig, strict=True):
             if src == _NONE:
                 return out, first
             where = node if src[1] == SELF else src[1]
