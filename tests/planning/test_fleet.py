@@ -118,3 +118,13 @@ def test_a_location_without_a_node_name_is_read_like_any_other():
         runs, end = fleet.runs(node)
         assert planner.priced(runs, end, node=node, page=PAGE) == planner.candidates(req, match, node=node)
     assert fleet.runs("z") == ([(0, 1, "shm", "")], 1)
+
+
+def test_a_node_named_like_a_placeholder_is_just_another_node():
+    # node names are whatever a peer publishes: a copy on a node of any name is never "the candidate's own"
+    for odd in ("\x00self", "SELF", repr(SELF)):
+        req, match, planner = build([[("dram", odd, 3)]], (), True, False, 0)
+        fleet = FleetRuns(planner, req, match)
+        runs, end = fleet.runs("z")
+        assert (runs, end) == ([(0, 1, "dram", odd)], 1)
+        assert planner.priced(runs, end, node="z", page=PAGE) == planner.candidates(req, match, node="z")

@@ -226,3 +226,5 @@ def test_probe_s_is_checked():
     assert link_estimates({"probe_s": 0.25}, default_profile()).probe_s == 0.25
     with pytest.raises(ConfigError, match="probe_s"):
         link_estimates({"probe_s": -1}, default_profile())
+    with pytest.raises(ConfigError, match="probe_s"):  # no window: an aged slow link would never be looked at again
+        link_estimates({"probe_s": 0}, default_profile())

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 from nexuskv.contracts import Request
 from nexuskv.planning.cost import peer_link
@@ -31,8 +32,15 @@ from nexuskv.state.restore_points import group_masks
 
 __all__ = ["SELF", "FleetRuns", "one_pass_applies"]
 
-SELF = "\x00self"
-"""The node's own name in a signature."""
+class _Self:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SELF"
+
+
+SELF: Any = _Self()
+"""The node's own name in a signature: an object no node name can equal (a name is any string a peer publishes)."""
 
 Run = tuple[int, int, str, str]  # (first block, end block, tier, node)
 _NONE = ("", "")
@@ -78,7 +86,7 @@ class FleetRuns:
         for i in self.holders[node]:
             src = self._source(i, node)
             if src[1] == node:
-                src = (src[0], SELF)
+                src = (src[0], SELF)  # type: ignore[assignment]
             for p in self._at.get(i, ()):
                 srcs[p] = src
         return tuple(srcs)
@@ -93,7 +101,7 @@ class FleetRuns:
         for (first, end, _), src in zip(self._code_runs, sig, strict=True):
             if src == _NONE:
                 return out, first
-            where = node if src[1] == SELF else src[1]
+            where = node if src[1] is SELF else src[1]
             if out and out[-1][2] == src[0] and out[-1][3] == where:
                 out[-1] = (out[-1][0], end, src[0], where)
             else:
@@ -153,7 +161,7 @@ class _Ranking:
 
 
 _CACHE: dict[tuple[object, ...], _Ranking] = {}
-_CACHE_MAX = 1 << 16  # holdings are interned and immutable; the cache only spares the ranking
+_CACHE_MAX = 4096  # holdings are interned and immutable; the cache only spares the ranking of the ones in use
 
 
 def _ranking(h: Holding | None, static: tuple[int, bool, tuple[str, ...], frozenset[str], bool]) -> _Ranking:
