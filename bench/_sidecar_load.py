@@ -1,13 +1,13 @@
 """The sidecar bench's load generator in Python, for a machine without rustc: what the Rust client's `bench` does.
 
-    python bench/_sidecar_load.py URL TOKEN REQUEST.json THREADS N
+    python bench/_sidecar_load.py URL TOKEN REQUEST.json THREADS N [json|binary]
 
-THREADS threads, each on one keep-alive HTTP/1.1 connection, post the request's JSON (read once, sent as read) to
-`/v1/plan` N times; a plan the kernel made by failing open (a `fail-open...` reason) is counted as
-`server_fail_open`, a call this client answered itself (sidecar unreachable, timed out, refused, 5xx, not JSON)
-as `fail_open`, and neither is timed. Prints the Rust client's line: `plans= fail_open= server_fail_open= wall_s=
-plans_per_s= p50_ms= p99_ms=`. Its threads share one GIL, so its own figures are a Python caller's: `bench/sidecar.py`
-prints which client it used.
+THREADS threads, each on one keep-alive HTTP/1.1 connection, post the request's JSON (read once, sent as read)
+to `/v1/plan` N times (`binary`: encoded once as `application/x-nexuskv-tokens` by the sidecar's own encoder).
+A plan the kernel made by failing open (a `fail-open...` reason) is counted as `server_fail_open`, a call this
+client answered itself (sidecar unreachable, timed out, refused, 5xx, not JSON) as `fail_open`, and neither is
+timed. Prints the Rust client's line: `plans= fail_open= server_fail_open= wall_s= plans_per_s= p50_ms= p99_ms=`.
+Its threads share one GIL, so its own figures are a Python caller's: `bench/sidecar.py` prints which client it used.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import time
 from urllib.parse import urlsplit
 
 
-def _worker(url: str, token: str, body: bytes, n: int, out: list[tuple[list[float], int, int]]) -> None:
+def _worker(url: str, token: str, body: bytes, n: int, out: list[tuple[list[float], int, int]],
+            content_type: str) -> None:  # fmt: skip
     parts = urlsplit(url)
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type}
     conn: http.client.HTTPConnection | None = None
     lat: list[float] = []
     fail_open = server_fail_open = 0
@@ -54,15 +55,21 @@ def _worker(url: str, token: str, body: bytes, n: int, out: list[tuple[list[floa
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 5:
-        print("usage: _sidecar_load.py URL TOKEN REQUEST.json THREADS N", file=sys.stderr)
+    if len(argv) not in (5, 6) or argv[5:] not in ([], ["json"], ["binary"]):
+        print("usage: _sidecar_load.py URL TOKEN REQUEST.json THREADS N [json|binary]", file=sys.stderr)
         return 2
     url, token, path, threads, n = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
     with open(path, "rb") as f:
         body = f.read()
+    content_type = "application/json"
+    if argv[5:] == ["binary"]:
+        from nexuskv_sidecar._binary import CONTENT_TYPE, encode
+
+        head = json.loads(body)
+        body, content_type = encode(head, head.pop("token_ids")), CONTENT_TYPE
     out: list[tuple[list[float], int, int]] = []
     started = time.perf_counter()
-    workers = [threading.Thread(target=_worker, args=(url, token, body, n, out)) for _ in range(threads)]
+    workers = [threading.Thread(target=_worker, args=(url, token, body, n, out, content_type)) for _ in range(threads)]
     for w in workers:
         w.start()
     for w in workers:

@@ -4,6 +4,7 @@
 kernel = "kernel.toml"        # the kernel config, relative to this file
 host = "127.0.0.1"
 port = 8470
+workers = 2                   # HTTP worker processes (default 1: everything in one process)
 [auth]                        # tenant -> tokens that may act for it; "*" is the operator (status, metrics, all)
 chat = ["sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"]
 rag  = ["env:NEXUSKV_RAG_TOKEN"]
@@ -32,7 +33,7 @@ from nexuskv import ConfigError
 OPERATOR = "*"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _KEYS = {"kernel", "host", "port", "auth", "max_body_bytes", "max_plan_body_bytes", "max_tokens", "max_deadline_ms",
-         "tenant_concurrency", "oversize_hold_s", "oversize_holds_per_token"}
+         "tenant_concurrency", "oversize_hold_s", "oversize_holds_per_token", "workers"}
 
 
 def digest(token: str) -> bytes:
@@ -55,6 +56,7 @@ class SidecarConfig:
     tenant_concurrency: int = 2
     oversize_hold_s: float = 5.0
     oversize_holds_per_token: int = 8
+    workers: int = 1  # HTTP processes; above 1 they ask this process's kernel for every decision
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> SidecarConfig:
@@ -101,6 +103,9 @@ class SidecarConfig:
                 raise ConfigError(f"{origin}: {key}: {limits[key]} is below {floor}")
         if not limits["oversize_hold_s"] <= 3600:  # a hold is a socket held: bounded in time too (inf, NaN refused)
             raise ConfigError(f"{origin}: oversize_hold_s: {limits['oversize_hold_s']} is not at most 3600")
+        workers = _typed(data, "workers", int, 1, origin)
+        if not 1 <= workers <= 64:
+            raise ConfigError(f"{origin}: workers: {workers} is not between 1 and 64")
         auth = data.get("auth", {})
         if not isinstance(auth, Mapping):
             raise ConfigError(f"{origin}: auth: expected a table of tenant = [tokens], got {type(auth).__name__}")
@@ -114,7 +119,8 @@ class SidecarConfig:
                     raise ConfigError(f"{origin}: auth.{tenant}[{i}]: the same token already acts for {tokens[d]!r}")
                 tokens[d] = tenant
         kernel_path = str(base / kernel) if kernel and not Path(kernel).is_absolute() else kernel
-        return cls(kernel=kernel_path, host=host, port=port, tokens=tokens, max_body_bytes=max_body, **limits)
+        return cls(kernel=kernel_path, host=host, port=port, tokens=tokens, max_body_bytes=max_body, workers=workers,
+                   **limits)  # fmt: skip
 
 
 def _typed(data: Mapping[str, Any], key: str, tp: type | tuple[type, ...], default: Any, origin: str) -> Any:

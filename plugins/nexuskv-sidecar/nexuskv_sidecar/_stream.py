@@ -104,7 +104,10 @@ class Stream:
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/x-ndjson")]})  # fmt: skip
-            backlog = self.log.recent(self.recent) if self.recent else []
+            backlog: list[dict[str, Any]] = []
+            if self.recent:  # a worker's log is in another process: asked without blocking the loop
+                arecent = getattr(self.log, "arecent", None)
+                backlog = list(await arecent(self.recent) if arecent else self.log.recent(self.recent))
             while not gone.is_set() and not self.streams.stopping.is_set() and (
                     self.limit is None or sent < self.limit):  # fmt: skip
                 record = backlog.pop(0) if backlog else sub.get(0)

@@ -18,27 +18,26 @@ whose reasons say why, never an error, so a scheduler that gets a plan back can 
 from __future__ import annotations
 
 import asyncio
-import base64
-import collections
 import concurrent.futures
 import functools
-import threading
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
 from attrs import define
 
-from nexuskv import ContractError, Kernel, Plan, PlanAction, Request, from_json, get_logger, to_dict
-from nexuskv_sidecar import _codec
+from nexuskv import ContractError, Kernel, Plan, Request, from_json, get_logger
+from nexuskv_sidecar import _binary, _codec
+from nexuskv_sidecar._backend import Backend, KernelBackend, fail_open, status_of
+from nexuskv_sidecar._binary import Parsed
 from nexuskv_sidecar._codec import ApiError
 from nexuskv_sidecar._config import OPERATOR, digest
 from nexuskv_sidecar._oversize import OversizeHolds
+from nexuskv_sidecar._remote import RemoteBackend
 from nexuskv_sidecar._stream import Raw, Stream, Streams, count
 from nexuskv_sidecar.openapi import openapi
 
-__all__ = ["Limits", "SidecarApp", "create_app"]
+__all__ = ["Limits", "SidecarApp", "create_app", "fail_open", "status_of"]
 
 log = get_logger("nexuskv_sidecar")
 
@@ -70,16 +69,19 @@ class Limits:
     tenant_concurrency: int = 2  # plans of one token in flight on the pool at once; others wait on the loop
     oversize_hold_s: float = 5.0  # a token's repeated bodies far over the limit are held this long (0: never)
     oversize_holds_per_token: int = 8  # connections held at once per token; more are closed at once
+
+
 PUBLIC = frozenset({"/healthz", "/v1/openapi.json"})  # the only paths served without a token
+_INLINE_BYTES = 64 << 10  # binary plan bodies a worker parses on its loop (16k tokens; no Python int is made)
 _PLANNED = frozenset({"/v1/plan", "/v1/route", "/v1/materialize", "/v1/report"})  # `Limits.plan_body_bytes`
 
 
 class _Api:
-    """The handlers, bound to one kernel and its token table."""
+    """The handlers, bound to one backend (a kernel here, or the kernel of another process) and a token table."""
 
-    def __init__(self, kernel: Kernel, tokens: Mapping[bytes, str], max_body_bytes: int,
+    def __init__(self, backend: Backend, tokens: Mapping[bytes, str], max_body_bytes: int,
                  limits: Limits | None = None) -> None:  # fmt: skip
-        self.kernel = kernel
+        self.backend = backend
         self.tokens = dict(tokens)
         self.max_body_bytes = max_body_bytes
         self.limits = limits or Limits()
@@ -89,8 +91,6 @@ class _Api:
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="nexuskv-sidecar")
         self.streams = Streams()
         self.holds = OversizeHolds(self.limits.oversize_hold_s, self.limits.oversize_holds_per_token)
-        self._reported: collections.OrderedDict[str, None] = collections.OrderedDict()  # decision ids reported
-        self._reported_lock = threading.Lock()
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` on the sidecar's pool."""
@@ -150,12 +150,15 @@ class _Api:
 
     def checked(self, req: Request) -> Request:
         """`req` within the limits on tokens and `slo.deadline_ms` (a 400 naming the limit otherwise)."""
-        if len(req.token_ids) > self.limits.tokens:
-            raise ApiError(400, f"request: {len(req.token_ids)} tokens, over the limit of {self.limits.tokens}")
-        asked = req.slo.deadline_ms
+        self.within_limits(len(req.token_ids), req.slo.deadline_ms)
+        return req
+
+    def within_limits(self, tokens: int, asked: float | None) -> None:
+        """A 400 naming the limit when a request's token count or `slo.deadline_ms` is over it."""
+        if tokens > self.limits.tokens:
+            raise ApiError(400, f"request: {tokens} tokens, over the limit of {self.limits.tokens}")
         if asked is not None and asked > self.limits.deadline_ms:
             raise ApiError(400, f"request: slo.deadline_ms {asked:g} is over the limit of {self.limits.deadline_ms:g}")
-        return req
 
     async def in_turn(self, http: HttpRequest, fn: Callable[[HttpRequest], Any]) -> Any:
         """`fn(http)` on the pool in the caller's turn: parsing, checking and the kernel's call, never on the loop."""
@@ -165,40 +168,65 @@ class _Api:
     async def plan(self, http: HttpRequest) -> Any:
         """POST /v1/plan: a `Request` in, a `Plan` out (query `session` continues a session's key chain).
 
+        The body is JSON, or the binary encoding (`Content-Type: application/x-nexuskv-tokens`, `_binary`).
         Parsing, checking and planning run on the pool, in the caller's turn: never on the loop.
         """
         if not http.body:
             raise ApiError(400, "empty body: expected a JSON object")
-        return await self.in_turn(http, self._plan)
+        aplan = getattr(self.backend, "aplan", None)
+        if aplan is None:  # the kernel is in this process: parsing and planning on the pool
+            return await self.in_turn(http, self._plan)
+        async with self.turn(http.caller):  # a worker: small binary bodies are parsed on the loop (no thread
+            # handoff; at most `_INLINE_BYTES`, a few tens of microseconds), others on the pool; the call is awaited
+            if _is_binary(http) and len(http.body) <= _INLINE_BYTES:
+                req, session = self.plan_input(http)
+            else:
+                req, session = await self.run(self.plan_input, http)
+            return await aplan(req, session)
 
     def _plan(self, http: HttpRequest) -> Any:
-        try:
-            req: Request = from_json(Request, http.body)  # parsed and checked in one step: the hot path
-        except ContractError as exc:
-            if exc.problems and exc.problems[0][1].startswith("not JSON"):
-                raise ApiError(400, f"body is {exc.problems[0][1]}") from None
-            raise ApiError(400, f"invalid {exc.contract}", exc.problems) from None
-        self.allow(http.caller, req.tenant)
-        self.checked(req)
+        return self.backend.plan(*self.plan_input(http))
+
+    def plan_input(self, http: HttpRequest) -> tuple[Request | Parsed, str | None]:
+        """A plan body's request, checked, of a tenant the caller acts for, within the limits; and its session."""
+        if _is_binary(http):
+            document, ids = _binary.split(http.body, self.limits.tokens)
+            req: Request | Parsed = Parsed(_binary.head(document), ids)  # the ids stay uint32s here
+            head, count = req.head, len(ids)
+        else:
+            try:
+                req = head = from_json(Request, http.body)  # parsed and checked in one step: the hot path
+            except ContractError as exc:
+                if exc.problems and exc.problems[0][1].startswith("not JSON"):
+                    raise ApiError(400, f"body is {exc.problems[0][1]}") from None
+                raise ApiError(400, f"invalid {exc.contract}", exc.problems) from None
+            count = len(head.token_ids)
+        self.allow(http.caller, head.tenant)
+        self.within_limits(count, head.slo.deadline_ms)
         session = http.query_params.get("session") or None
         if session is not None:  # sessions are the tenant's own (length-prefixed: no two tenants' names collide)
-            session = f"{len(req.tenant)}:{req.tenant}/{session}"
-        try:
-            plan = self.kernel.plan(req, session=session)
-        except Exception as exc:  # the kernel fails open by itself; this is the net under a defect
-            log.error("plan raised; answering recompute", error=f"{type(exc).__name__}: {exc}")
-            plan = fail_open(req, f"sidecar: {type(exc).__name__}")
-        return to_dict(plan)
+            session = f"{len(head.tenant)}:{head.tenant}/{session}"
+        return req, session
 
     async def route(self, http: HttpRequest) -> Any:
-        """POST /v1/route: `{"request": Request, "nodes": [NodeState]}` in, a `RouteDecision` out."""
+        """POST /v1/route: `{"request": Request, "nodes": [NodeState]}` in, a `RouteDecision` out (JSON or binary)."""
         return await self.in_turn(http, self._route)
 
     def _route(self, http: HttpRequest) -> Any:
-        data = self.object_body(http, {"request", "nodes"})
-        req = self.checked(self.tenant_request(http, data))
+        if _is_binary(http):
+            document, ids = _binary.split(http.body, self.limits.tokens)
+            data = _object(document)
+            _codec.check_keys(data, {"request", "nodes"})
+            req: Request | Parsed = Parsed(_binary.head(_codec.field(data, "request"), "request"), ids)
+            head, count = req.head, len(ids)
+        else:
+            data = self.object_body(http, {"request", "nodes"})
+            req = head = self.tenant_request(http, data)
+            count = len(head.token_ids)
+        self.allow(http.caller, head.tenant)
+        self.within_limits(count, head.slo.deadline_ms)
         nodes = _codec.nodes(_codec.field(data, "nodes"))
-        return to_dict(self.kernel.route(req, nodes))
+        return self.backend.route(req, nodes)
 
     async def commit(self, http: HttpRequest) -> Any:
         """POST /v1/commit: `{"request": Request, "payloads": [{block, group, data}]}`; accepted and refused."""
@@ -208,8 +236,7 @@ class _Api:
         data = self.object_body(http, {"request", "payloads"})
         req = self.checked(self.tenant_request(http, data))
         payloads = _codec.payloads(_codec.field(data, "payloads"), req)
-        result = self.kernel.commit(req, payloads)
-        return {"accepted": result.accepted, "refused": result.refused}
+        return self.backend.commit(req, payloads)
 
     async def materialize(self, http: HttpRequest) -> Any:
         """POST /v1/materialize: `{"plan": Plan, "request": Request}`; what was loaded and verified, per block.
@@ -225,15 +252,7 @@ class _Api:
         req = self.checked(self.tenant_request(http, data))
         self.allow(http.caller, plan.tenant)
         with_payloads = http.query_params.get("payloads", "") in ("1", "true")
-        done = self.kernel.materialize(plan, req)
-        states = []
-        for (block, group), state in sorted(done.states.items()):
-            item: dict[str, Any] = {"block": block, "group": group, "descriptor": to_dict(state.descriptor)}
-            if with_payloads:
-                item["data"] = base64.b64encode(state.payload).decode()
-            states.append(item)
-        return {"blocks": done.blocks, "tokens": done.tokens, "complete": done.complete, "reason": done.reason,
-                "states": states}  # fmt: skip
+        return self.backend.materialize(plan, req, with_payloads)
 
     async def report(self, http: HttpRequest) -> Any:
         """POST /v1/report: `{"plan": Plan, "report": LoadReport, "request"?: Request}`; where to recompute from.
@@ -249,35 +268,25 @@ class _Api:
         data = self.object_body(http, {"plan", "report", "request"})
         plan: Plan = _codec.contract(Plan, _codec.field(data, "plan"), "plan")
         self.allow(http.caller, plan.tenant)
-        if not self.kernel.plan_seal.check(plan):
-            raise ApiError(403, "plan: its MAC does not check (not a plan this deployment made, or altered)")
         report = _codec.load_report(_codec.field(data, "report"), plan)
         req = None
         if "request" in data:
             req = self.checked(self.tenant_request(http, data))
             if req.request_id != plan.request_id:
                 raise ApiError(400, "request: not the request the plan answers (request_id differs)")
-        with self._reported_lock:  # breakers are shared: one plan moves them once, however resent
-            if plan.decision_id in self._reported:
-                raise ApiError(409, f"plan {plan.decision_id} was reported already")
-            self._reported[plan.decision_id] = None
-            while len(self._reported) > 100_000:
-                self._reported.popitem(last=False)
-        # with its request, the kernel authorises the report as it would the load, and derives the plan's keys
-        return {"recompute_from": self.kernel.report_load_result(plan, report, request=req)}
+        return self.backend.report(plan, report, req)  # the MAC check and the once-per-plan rule are the backend's
 
     async def status(self, http: HttpRequest) -> Any:
         """GET /v1/status: the kernel's status (operator only)."""
         self.allow(http.caller, OPERATOR)
-        return await self.run(status_of, self.kernel)
+        return await self.run(self.backend.status)
 
     async def metrics(self, http: HttpRequest) -> Any:
         """GET /metrics: the kernel's Prometheus series in the text format (operator only)."""
         self.allow(http.caller, OPERATOR)
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST
 
-        registry = self.kernel.metrics.registry
-        return Raw(await self.run(generate_latest, registry), CONTENT_TYPE_LATEST.encode())
+        return Raw(await self.run(self.backend.metrics), CONTENT_TYPE_LATEST.encode())
 
     async def decisions(self, http: HttpRequest) -> Any:
         """GET /v1/decisions: decision records as JSON lines, as they are made, until the caller hangs up.
@@ -291,32 +300,19 @@ class _Api:
         if tenant is not None:
             self.allow(caller, tenant)
         recent, limit = count(http.query_params, "recent"), count(http.query_params, "limit")
-        return Stream(self.kernel.decision_log, self.streams, caller, tenant, recent, limit)
+        return Stream(self.backend.decision_log, self.streams, caller, tenant, recent, limit)
 
     async def healthz(self, http: HttpRequest) -> Any:
         """GET /healthz: liveness, no token (the kernel's node and whether its lease is alive)."""
-        return {"ok": True, "node": self.kernel.node, "control_ok": self.kernel.control_ok()}
+        return await self.run(self.backend.healthz)
 
     async def spec(self, http: HttpRequest) -> Any:
         """GET /v1/openapi.json: the API's OpenAPI 3.1 document (no token)."""
         return openapi()
 
 
-def status_of(kernel: Kernel) -> dict[str, Any]:
-    """The kernel's status document (its metrics' status when it has them)."""
-    metrics = getattr(kernel, "metrics", None)
-    if metrics is not None and callable(getattr(metrics, "status", None)):
-        return metrics.status()
-    return {"node": kernel.node, "epoch": kernel.epoch, "policy_revision": kernel.policy_revision,
-            "decisions": kernel.decisions, "tiers": {n: {"used_bytes": t.used_bytes(), "capacity_bytes":
-            t.capacity_bytes} for n, t in kernel.tiers.items()}}  # fmt: skip
-
-
-def fail_open(req: Request, reason: str) -> Plan:
-    """A `recompute` plan made without the kernel (the net under a defect): the caller prefills everything."""
-    return Plan(decision_id=uuid.uuid4().hex, request_id=req.request_id, tenant=req.tenant,
-                action=PlanAction.RECOMPUTE, tokens_total=len(req.token_ids),
-                reasons=(f"fail-open: {reason}",))  # fmt: skip
+def _is_binary(http: HttpRequest) -> bool:
+    return http.headers.get("content-type", "").partition(";")[0].strip().lower() == _binary.CONTENT_TYPE
 
 
 def _object(data: Any) -> Mapping[str, Any]:
@@ -414,10 +410,11 @@ async def _answer(send: Callable[[dict[str, Any]], Awaitable[None]], status: int
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(kernel: Kernel, tokens: Mapping[bytes, str], *, max_body_bytes: int = 64 << 20,
+def create_app(kernel: Kernel | Backend, tokens: Mapping[bytes, str], *, max_body_bytes: int = 64 << 20,
                limits: Limits | None = None) -> SidecarApp:  # fmt: skip
-    """The ASGI app serving `kernel`; `tokens` maps SHA-256 token digests to the tenant they act for."""
-    api = _Api(kernel, tokens, max_body_bytes, limits)
+    """The ASGI app serving `kernel` (or a backend); `tokens` maps SHA-256 token digests to the tenant they act for."""
+    backend = kernel if isinstance(kernel, (KernelBackend, RemoteBackend)) else KernelBackend(kernel)
+    api = _Api(backend, tokens, max_body_bytes, limits)
     routes: dict[tuple[str, str], Handler] = {
         ("POST", "/v1/plan"): api.plan,
         ("POST", "/v1/route"): api.route,

@@ -22,6 +22,7 @@ from urllib.parse import quote, urlsplit
 import orjson
 
 from nexuskv import LoadReport, NodeState, Plan, PlanAction, Request, from_dict, to_dict
+from nexuskv_sidecar._binary import CONTENT_TYPE, encode
 
 __all__ = ["SidecarClient", "SidecarError"]
 
@@ -49,17 +50,21 @@ class SidecarClient:
     """A client of one sidecar (`url` like `http://127.0.0.1:8470`) acting with one bearer token.
 
     `timeout_s` bounds each socket operation (connect, send, each read), as `http.client` does: a server that
-    answers, but trickles its answer, can stretch a call past it.
+    answers, but trickles its answer, can stretch a call past it. With `binary=True`, plans and routes send the
+    request's token ids as uint32s beside the JSON (`application/x-nexuskv-tokens`, docs/sidecar.md): a 4k-token
+    request is 16 KB instead of 30, and the sidecar parses it in a fraction of the time.
     """
 
-    def __init__(self, url: str, token: str, *, timeout_s: float = 1.0) -> None:
+    def __init__(self, url: str, token: str, *, timeout_s: float = 1.0, binary: bool = False) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"{url!r}: expected http://host:port")
         self.host = parts.hostname
         self.port = parts.port or 80
         self.timeout_s = timeout_s
+        self.binary = binary
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._binary_headers = {**self._headers, "Content-Type": CONTENT_TYPE}
         self._local = threading.local()
         self._lock = threading.Lock()
         # every thread's connection, weakly: a thread that ends takes its connection (and socket) with it
@@ -73,7 +78,7 @@ class SidecarClient:
         body = to_dict(request) if isinstance(request, Request) else dict(request)
         path = "/v1/plan" + (f"?session={quote(session)}" if session else "")
         try:
-            return from_dict(Plan, self._call("POST", path, body))
+            return from_dict(Plan, self._call("POST", path, *self._encoded(body)))
         except _Unavailable as exc:
             with self._lock:
                 self.fail_opens += 1
@@ -86,7 +91,11 @@ class SidecarClient:
               nodes: Sequence[NodeState | Mapping[str, Any]]) -> dict[str, Any]:  # fmt: skip
         """The sidecar's route decision (a `RouteDecision` as JSON); raises `ConnectionError` when unavailable."""
         body = {"request": _req(request), "nodes": [to_dict(n) if isinstance(n, NodeState) else dict(n) for n in nodes]}
-        return self._must("POST", "/v1/route", body)
+        data, headers = self._encoded(body, "request")
+        try:
+            return self._call("POST", "/v1/route", data, headers)
+        except _Unavailable as exc:
+            raise ConnectionError(f"sidecar {exc}") from None
 
     def commit(self, request: Request | Mapping[str, Any],
                payloads: Mapping[int | tuple[int, int], bytes | memoryview]) -> dict[str, int]:  # fmt: skip
@@ -121,9 +130,20 @@ class SidecarClient:
 
     # ------------------------------------------------------------------------------------------ plumbing
 
+    def _encoded(self, body: dict[str, Any], member: str | None = None) -> tuple[bytes, dict[str, str]]:
+        """`body` as sent, and its headers: JSON, or with `binary` the request's ids apart.
+
+        The request is `body` itself, or its `member`; `body` is not changed.
+        """
+        if not self.binary:
+            return orjson.dumps(body), self._headers
+        req = dict(body if member is None else body[member])
+        ids = req.pop("token_ids", ())
+        return encode(req if member is None else {**body, member: req}, ids), self._binary_headers
+
     def _must(self, method: str, path: str, body: Any, retry: bool = True) -> Any:
         try:
-            return self._call(method, path, body, retry)
+            return self._call(method, path, orjson.dumps(body) if body is not None else None, self._headers, retry)
         except _Unavailable as exc:
             raise ConnectionError(f"sidecar {exc}") from None
 
@@ -138,12 +158,11 @@ class SidecarClient:
             self._conns.add(conn)
         return conn, False
 
-    def _call(self, method: str, path: str, body: Any, retry: bool = True) -> Any:
-        data = orjson.dumps(body) if body is not None else None
+    def _call(self, method: str, path: str, data: bytes | None, headers: dict[str, str], retry: bool = True) -> Any:
         while True:
             conn, reused = self._conn()
             try:
-                conn.request(method, path, body=data, headers=self._headers)
+                conn.request(method, path, body=data, headers=headers)
                 resp = conn.getresponse()
                 raw = resp.read()
                 break

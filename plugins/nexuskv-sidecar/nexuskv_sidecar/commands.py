@@ -15,7 +15,9 @@ __all__ = ["serve", "serve_token"]
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--host", default=None, help="Listen address (default: the config's, else 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Listen port (default: the config's, else 8470; 0: a free one).")
-def serve(config: str, host: str | None, port: int | None) -> None:
+@click.option("--workers", type=click.IntRange(1, 64), default=None,
+              help="HTTP worker processes (default: the config's, else 1; above 1 the kernel answers them).")
+def serve(config: str, host: str | None, port: int | None, workers: int | None) -> None:
     """Serve a kernel's plan / route / commit / materialize / report over HTTP+JSON (see docs/sidecar.md)."""
     import attrs
 
@@ -28,7 +30,8 @@ def serve(config: str, host: str | None, port: int | None) -> None:
         raise click.ClickException(str(exc)) from None
     if not cfg.tokens:
         raise click.ClickException(f"{config}: [auth] names no tokens: no caller could use the sidecar")
-    cfg = attrs.evolve(cfg, host=host or cfg.host, port=cfg.port if port is None else port)
+    cfg = attrs.evolve(cfg, host=host or cfg.host, port=cfg.port if port is None else port,
+                       workers=cfg.workers if workers is None else workers)  # fmt: skip
     try:
         sidecar = Sidecar(cfg)
     except OSError as exc:

@@ -13,10 +13,14 @@ from typing import Any
 import attrs
 
 from nexuskv import LoadReport, NodeState, Plan, Request, StateDescriptor, json_schema
+from nexuskv_sidecar._binary import CONTENT_TYPE
 
 __all__ = ["openapi"]
 
 _REF = "#/components/schemas/"
+_BINARY = ("The binary encoding: the 4 bytes `NKV1`, the JSON part's length as a little-endian uint32, the JSON part "
+           "(the JSON body with the request's `token_ids` left out), then the request's token ids as little-endian "
+           "uint32s to the end of the body. Checked as the JSON body is; every uint32 is a valid token id.")
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -42,7 +46,8 @@ def _simple(cls: type) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
 
 
-def _op(summary: str, body: dict[str, Any] | None, answer: dict[str, Any], *, auth: bool = True) -> dict[str, Any]:
+def _op(summary: str, body: dict[str, Any] | None, answer: dict[str, Any], *, auth: bool = True,
+        binary: bool = False) -> dict[str, Any]:  # fmt: skip
     op: dict[str, Any] = {"summary": summary, "responses": {
         "200": {"description": "OK", "content": {"application/json": {"schema": answer}}},
         "400": {"description": "Bad body: every field problem with its path", "content": {
@@ -52,6 +57,9 @@ def _op(summary: str, body: dict[str, Any] | None, answer: dict[str, Any], *, au
     }}  # fmt: skip
     if body is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        if binary:
+            op["requestBody"]["content"][CONTENT_TYPE] = {"schema": {
+                "type": "string", "format": "binary", "contentMediaType": CONTENT_TYPE, "description": _BINARY}}
     if not auth:
         op["security"] = []
         op["responses"] = {"200": op["responses"]["200"]}
@@ -78,11 +86,11 @@ def openapi() -> dict[str, Any]:
     obj = {"type": "object", "additionalProperties": False}
     paths = {
         "/v1/plan": {"post": _op("Plan a request: what to restore, from where, what to prefetch (fails open to "
-                                 "recompute within the deadline)", _ref("Request"), _ref("Plan"))},
+                                 "recompute within the deadline)", _ref("Request"), _ref("Plan"), binary=True)},
         "/v1/route": {"post": _op("Pick the node to run a request on", {
             **obj, "required": ["request", "nodes"],
             "properties": {"request": _ref("Request"), "nodes": {"type": "array", "items": _ref("NodeState")}}},
-            {"type": "object"})},
+            {"type": "object"}, binary=True)},
         "/v1/commit": {"post": _op("Hand produced state to the bounded writer", {
             **obj, "required": ["request", "payloads"],
             "properties": {"request": _ref("Request"), "payloads": {"type": "array", "items": payload}}},

@@ -2,6 +2,8 @@
 
 `Sidecar(config).start()` serves from a background thread (tests, benches, embedding) and returns the bound port;
 `serve_forever()` blocks until SIGINT / SIGTERM. Either way the kernel is closed after the server stops.
+With `config.workers` above 1, HTTP is served by that many worker processes sharing the socket, and this process
+answers their kernel calls (`nexuskv_sidecar._workers`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import signal
 import socket
 import threading
 
+import attrs
 import uvicorn
 
 from nexuskv import ConfigError, Kernel, KernelConfig, get_logger
 from nexuskv_sidecar._config import SidecarConfig
+from nexuskv_sidecar._workers import Workers
 from nexuskv_sidecar.app import Limits, create_app
 
 __all__ = ["Sidecar"]
@@ -35,12 +39,11 @@ class Sidecar:
                 self.kernel.close()
             raise ConfigError(f"the kernel's max_deadline_ms {most:g} is over the sidecar's max_deadline_ms "
                               f"{config.max_deadline_ms:g}: lower the kernel's or raise the sidecar's")  # fmt: skip
-        self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes,
-                              limits=Limits(plan_body_bytes=config.max_plan_body_bytes, tokens=config.max_tokens,
-                                            deadline_ms=config.max_deadline_ms,
-                                            tenant_concurrency=config.tenant_concurrency,
-                                            oversize_hold_s=config.oversize_hold_s,
-                                            oversize_holds_per_token=config.oversize_holds_per_token))  # fmt: skip
+        self.limits = Limits(plan_body_bytes=config.max_plan_body_bytes, tokens=config.max_tokens,
+                             deadline_ms=config.max_deadline_ms, tenant_concurrency=config.tenant_concurrency,
+                             oversize_hold_s=config.oversize_hold_s,
+                             oversize_holds_per_token=config.oversize_holds_per_token)  # fmt: skip
+        self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes, limits=self.limits)
         self._sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -52,11 +55,18 @@ class Sidecar:
             raise OSError(exc.errno, f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
         self._sock.listen(2048)  # connections made before uvicorn runs wait in the backlog, not refused
         self.port: int = self._sock.getsockname()[1]
+        self.workers: Workers | None = None
+        if config.workers > 1:
+            self.workers = Workers(self.kernel, self._sock, config.workers, {
+                "node": self.kernel.node, "max_deadline_ms": self.kernel.config.max_deadline_ms,
+                "tokens": dict(config.tokens), "max_body_bytes": config.max_body_bytes,
+                "limits": attrs.asdict(self.limits)})  # fmt: skip
         self.server = uvicorn.Server(uvicorn.Config(
             self.app, http="httptools", loop="uvloop", log_level="warning", access_log=False, lifespan="off",
             proxy_headers=False, server_header=False, date_header=False, timeout_keep_alive=30,
             timeout_graceful_shutdown=5))  # fmt: skip
         self._thread: threading.Thread | None = None
+        self._started = False
 
     @property
     def tenants(self) -> list[str]:
@@ -70,7 +80,18 @@ class Sidecar:
         return f"http://{host}:{self.port}"
 
     def start(self) -> int:
-        """Serve from a background thread; returns the port once the server accepts connections."""
+        """Serve from a background thread (or the workers); returns the port once connections are accepted.
+
+        Once per sidecar (`with Sidecar(...)` calls it): a second start is a `RuntimeError`.
+        """
+        if self._started:
+            raise RuntimeError("this sidecar was started already")
+        self._started = True
+        if self.workers is not None:
+            self.workers.start()
+            log.info("sidecar serving", url=self.url, node=self.kernel.node, tenants=self.tenants,
+                     workers=self.workers.pids)  # fmt: skip
+            return self.port
         self._thread = threading.Thread(target=self._run, name="nexuskv-sidecar", daemon=True)
         self._thread.start()
         while not self.server.started:
@@ -105,6 +126,8 @@ class Sidecar:
 
     def close(self) -> None:
         """Stop serving (requests in flight finish, streams end) and close the kernel if the sidecar built it."""
+        if self.workers is not None:
+            self.workers.close()
         self.app.close_streams()
         self.server.should_exit = True
         if self._thread is not None:

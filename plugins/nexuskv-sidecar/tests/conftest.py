@@ -17,8 +17,10 @@ def kernel():
         yield k
 
 
-@pytest.fixture
-def sidecar(kernel):
-    cfg = SidecarConfig(port=0, tokens={digest(t): tenant for tenant, t in TOKENS.items()}, max_body_bytes=1 << 20)
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
+def sidecar(kernel, request):
+    """The sidecar serving `kernel`: HTTP in this process, and (the same tests again) in two worker processes."""
+    cfg = SidecarConfig(port=0, tokens={digest(t): tenant for tenant, t in TOKENS.items()}, max_body_bytes=1 << 20,
+                        workers=request.param)  # fmt: skip
     with Sidecar(cfg, kernel=kernel) as sc:
         yield sc

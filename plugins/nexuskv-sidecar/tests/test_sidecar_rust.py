@@ -52,6 +52,23 @@ def test_rust_client_plans_a_request(rust_client, sidecar, kernel, tmp_path):
     assert summary.startswith("action=materialize tokens_total=320 tokens_reused=320 fail_open=false")
 
 
+def test_rust_client_sends_the_binary_encoding_and_gets_the_same_plan(rust_client, sidecar, kernel, tmp_path):
+    req = make_request(range(70_000, 70_000 + 400), request_id="binary-from-rust")  # ids past 2^16: all four bytes
+    commit_all(kernel, req)
+    plans = {}
+    for encoding in ("json", "binary"):
+        res = subprocess.run([rust_client, "plan", sidecar.url, TOKENS["chat"], request_file(tmp_path, req), encoding],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        plans[encoding] = json.loads(res.stdout.splitlines()[0])
+    same = ("action", "tokens_total", "tokens_reused", "spans", "request_id")
+    assert {k: plans["binary"][k] for k in same} == {k: plans["json"][k] for k in same}
+    assert plans["binary"]["tokens_reused"] == 400 - 400 % 16
+    bad = subprocess.run([rust_client, "plan", sidecar.url, TOKENS["chat"], request_file(tmp_path, req), "xml"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 def test_rust_client_fails_open_when_the_sidecar_is_down(rust_client, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,4 +105,4 @@ def test_rust_client_unit_tests(tmp_path):
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert res.returncode == 0, res.stderr
     res = subprocess.run([out], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0 and "test result: ok. 4 passed" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "test result: ok. 6 passed" in res.stdout, res.stdout + res.stderr

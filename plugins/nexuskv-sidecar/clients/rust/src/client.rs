@@ -29,6 +29,39 @@ pub enum Error {
     BadRequest(String),
 }
 
+/// How a plan's request travels: JSON (request.v1), or the binary encoding (`application/x-nexuskv-tokens`: the
+/// request's JSON without `token_ids`, then the ids as little-endian uint32s; see docs/sidecar.md).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Encoding {
+    Json,
+    Binary,
+}
+
+pub const BINARY_TYPE: &str = "application/x-nexuskv-tokens";
+
+/// A request's body in `encoding`: JSON text, or `NKV1`, the JSON part's length, the JSON part, the token ids.
+pub fn encode(request: &Value, encoding: Encoding) -> Result<Vec<u8>, String> {
+    if encoding == Encoding::Json {
+        return Ok(request.to_json().into_bytes());
+    }
+    let Value::Object(fields) = request else {
+        return Err("a request is a JSON object".into());
+    };
+    let ids = fields.get("token_ids").and_then(|t| t.as_array()).ok_or("a request needs token_ids")?;
+    let mut head = fields.clone();
+    head.remove("token_ids");
+    let head = Value::Object(head).to_json();
+    let mut out = Vec::with_capacity(8 + head.len() + 4 * ids.len());
+    out.extend_from_slice(b"NKV1");
+    out.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    out.extend_from_slice(head.as_bytes());
+    for (i, id) in ids.iter().enumerate() {
+        let id = id.as_u64().filter(|v| *v <= u32::MAX as u64).ok_or_else(|| format!("token_ids[{}]: not a uint32", i))?;
+        out.extend_from_slice(&(id as u32).to_le_bytes());
+    }
+    Ok(out)
+}
+
 pub struct Client {
     host: String,
     port: u16,
@@ -59,8 +92,15 @@ impl Client {
         Ok(Client { host: host.to_string(), port, token: token.to_string(), timeout, conn: None })
     }
 
-    /// Plan `request` (a request.v1 JSON object).
+    /// Plan `request` (a request.v1 JSON object), sent as JSON. (For programs embedding this file; the CLI picks
+    /// the encoding with `plan_as`.)
+    #[allow(dead_code)]
     pub fn plan(&mut self, request: &Value) -> Result<Plan, Error> {
+        self.plan_as(request, Encoding::Json)
+    }
+
+    /// Plan `request` (a request.v1 JSON object), sent in `encoding`.
+    pub fn plan_as(&mut self, request: &Value, encoding: Encoding) -> Result<Plan, Error> {
         let tokens = request.get("token_ids").and_then(|t| t.as_array()).map(|a| a.len() as u64);
         let (Some(_), Some(_), Some(total)) = (
             request.get("request_id").and_then(|v| v.as_str()),
@@ -69,12 +109,20 @@ impl Client {
         ) else {
             return Err(Error::BadRequest("a request needs request_id, tenant and token_ids".into()));
         };
-        self.plan_json(&request.to_json(), total)
+        let body = encode(request, encoding).map_err(Error::BadRequest)?;
+        self.plan_body(&body, encoding, total)
     }
 
     /// Plan a request already serialized as request.v1 JSON (`tokens_total` tokens: for a fail-open plan).
+    #[allow(dead_code)]
     pub fn plan_json(&mut self, body: &str, total: u64) -> Result<Plan, Error> {
-        match self.call("POST", "/v1/plan", body.as_bytes()) {
+        self.plan_body(body.as_bytes(), Encoding::Json, total)
+    }
+
+    /// Plan a request already encoded (`encode`) in `encoding`.
+    pub fn plan_body(&mut self, body: &[u8], encoding: Encoding, total: u64) -> Result<Plan, Error> {
+        let content_type = if encoding == Encoding::Binary { BINARY_TYPE } else { "application/json" };
+        match self.call("POST", "/v1/plan", content_type, body) {
             Ok((200, text)) => match json::parse(&text) {
                 Ok(raw) => Ok(Plan {
                     action: raw.get("action").and_then(|v| v.as_str()).unwrap_or("").to_string(),
@@ -122,14 +170,14 @@ impl Client {
 
     /// One request on the kept-alive connection; tried again on a fresh connection only when the kept-alive one
     /// turned out closed before any answer began (never after a timeout: that would double the wait).
-    fn call(&mut self, method: &str, path: &str, body: &[u8]) -> Result<(u16, String), Unavailable> {
+    fn call(&mut self, method: &str, path: &str, content_type: &str, body: &[u8]) -> Result<(u16, String), Unavailable> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let fresh = self.conn.is_none();
             if fresh {
                 self.conn = Some(self.connect()?);
             }
-            match self.exchange(method, path, body, deadline) {
+            match self.exchange(method, path, content_type, body, deadline) {
                 Ok(answer) => return Ok(answer),
                 Err(failed) => {
                     self.conn = None;
@@ -141,12 +189,19 @@ impl Client {
         }
     }
 
-    fn exchange(&mut self, method: &str, path: &str, body: &[u8], deadline: Instant) -> Result<(u16, String), Failed> {
+    fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+        deadline: Instant,
+    ) -> Result<(u16, String), Failed> {
         let late = |e: String| Failed { why: e, stale: false };
         let conn = self.conn.as_mut().expect("connected");
         let head = format!(
-            "{} {} HTTP/1.1\r\nHost: {}:{}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            method, path, host_header(&self.host), self.port, self.token, body.len()
+            "{} {} HTTP/1.1\r\nHost: {}:{}\r\nAuthorization: Bearer {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n\r\n",
+            method, path, host_header(&self.host), self.port, self.token, content_type, body.len()
         );
         let stream = conn.get_mut();
         let stale = |e: std::io::Error| Failed { stale: is_stale(&e), why: io_why(e) };
@@ -266,5 +321,27 @@ fn fail_open(tokens_total: u64, why: &str) -> Plan {
         reasons: vec![format!("fail-open: sidecar {}", why)],
         fail_open: true,
         raw: Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_body_is_magic_length_json_then_ids() {
+        let req = json::parse(r#"{"request_id":"r","tenant":"t","token_ids":[1,2,4294967295]}"#).unwrap();
+        let body = encode(&req, Encoding::Binary).unwrap();
+        let head = br#"{"request_id":"r","tenant":"t"}"#;
+        assert_eq!(&body[..4], b"NKV1");
+        assert_eq!(u32::from_le_bytes(body[4..8].try_into().unwrap()) as usize, head.len());
+        assert_eq!(&body[8..8 + head.len()], head);
+        assert_eq!(&body[8 + head.len()..], &[1, 0, 0, 0, 2, 0, 0, 0, 255, 255, 255, 255]);
+    }
+
+    #[test]
+    fn binary_refuses_ids_that_are_not_uint32() {
+        let req = json::parse(r#"{"request_id":"r","tenant":"t","token_ids":[1,4294967296]}"#).unwrap();
+        assert_eq!(encode(&req, Encoding::Binary).unwrap_err(), "token_ids[1]: not a uint32");
     }
 }

@@ -1,28 +1,46 @@
 //! `nexuskv-client`: plan requests against a NexusKV sidecar from Rust (std only).
 //!
-//!   nexuskv-client plan  URL TOKEN REQUEST.json              prints the plan (JSON) and a summary line
-//!   nexuskv-client bench URL TOKEN REQUEST.json THREADS N    N plans per thread; prints latency percentiles
+//!   nexuskv-client plan  URL TOKEN REQUEST.json [json|binary]             prints the plan (JSON) and a summary
+//!   nexuskv-client bench URL TOKEN REQUEST.json THREADS N [json|binary]   N plans per thread; latency percentiles
 //!
-//! `bench` sends the request's JSON text as read (serialized once, as a load generator does): the times are the
-//! sidecar's round trips, not this client's JSON writer.
+//! `bench` encodes the request once (as a load generator does): the times are the sidecar's round trips, not this
+//! client's JSON writer. `binary` sends the token ids as uint32s beside the JSON (`application/x-nexuskv-tokens`).
 
 mod client;
 mod json;
 
-use client::{Client, Error};
+use client::{encode, Client, Encoding, Error};
 use std::time::{Duration, Instant};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let code = match args.get(1).map(String::as_str) {
-        Some("plan") if args.len() == 5 => plan(&args[2], &args[3], &args[4]),
-        Some("bench") if args.len() == 7 => bench(&args[2], &args[3], &args[4], &args[5], &args[6]),
-        _ => {
-            eprintln!("usage: nexuskv-client plan URL TOKEN REQUEST.json | bench URL TOKEN REQUEST.json THREADS N");
-            2
-        }
+        Some("plan") if (5..=6).contains(&args.len()) => match encoding(args.get(5)) {
+            Some(e) => plan(&args[2], &args[3], &args[4], e),
+            None => usage(),
+        },
+        Some("bench") if (7..=8).contains(&args.len()) => match encoding(args.get(7)) {
+            Some(e) => bench(&args[2], &args[3], &args[4], &args[5], &args[6], e),
+            None => usage(),
+        },
+        _ => usage(),
     };
     std::process::exit(code);
+}
+
+fn usage() -> i32 {
+    eprintln!(
+        "usage: nexuskv-client plan URL TOKEN REQUEST.json [json|binary] | bench URL TOKEN REQUEST.json THREADS N [json|binary]"
+    );
+    2
+}
+
+fn encoding(arg: Option<&String>) -> Option<Encoding> {
+    match arg.map(String::as_str) {
+        None | Some("json") => Some(Encoding::Json),
+        Some("binary") => Some(Encoding::Binary),
+        _ => None,
+    }
 }
 
 fn load(path: &str) -> Result<json::Value, String> {
@@ -30,7 +48,7 @@ fn load(path: &str) -> Result<json::Value, String> {
     json::parse(&text).map_err(|e| format!("{}: {}", path, e))
 }
 
-fn plan(url: &str, token: &str, path: &str) -> i32 {
+fn plan(url: &str, token: &str, path: &str, encoding: Encoding) -> i32 {
     let request = match load(path) {
         Ok(r) => r,
         Err(e) => {
@@ -45,7 +63,7 @@ fn plan(url: &str, token: &str, path: &str) -> i32 {
             return 2;
         }
     };
-    match c.plan(&request) {
+    match c.plan_as(&request, encoding) {
         Ok(p) => {
             println!("{}", p.raw.to_json());
             println!(
@@ -65,7 +83,7 @@ fn plan(url: &str, token: &str, path: &str) -> i32 {
     }
 }
 
-fn bench(url: &str, token: &str, path: &str, threads: &str, n: &str) -> i32 {
+fn bench(url: &str, token: &str, path: &str, threads: &str, n: &str, encoding: Encoding) -> i32 {
     let request = match load(path) {
         Ok(r) => r,
         Err(e) => {
@@ -80,11 +98,18 @@ fn bench(url: &str, token: &str, path: &str, threads: &str, n: &str) -> i32 {
             return 2;
         }
     };
+    let body = match encode(&request, encoding) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {}", e);
+            return 2;
+        }
+    };
     let started = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let (url, token) = (url.to_string(), token.to_string());
-            let body = request.to_json();
+            let body = body.clone();
             let total = request.get("token_ids").and_then(|t| t.as_array()).map_or(0, |a| a.len() as u64);
             std::thread::spawn(move || {
                 let mut c = Client::new(&url, &token, Duration::from_secs(5)).expect("url");
@@ -92,7 +117,7 @@ fn bench(url: &str, token: &str, path: &str, threads: &str, n: &str) -> i32 {
                 let (mut fail_open, mut server_fail_open) = (0usize, 0usize);
                 for _ in 0..n {
                     let t = Instant::now();
-                    match c.plan_json(&body, total) {
+                    match c.plan_body(&body, encoding, total) {
                         // a plan the kernel made by failing open (its deadline passed, say) is counted, not timed
                         Ok(p) if !p.fail_open && p.reasons.iter().any(|r| r.starts_with("fail-open")) => {
                             server_fail_open += 1

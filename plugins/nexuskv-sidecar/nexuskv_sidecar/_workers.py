@@ -1,0 +1,124 @@
+"""Private: the sidecar's worker processes, seen from the kernel's process: spawn, answer, restart, stop.
+
+With `workers = N` (N > 1) the kernel's process serves no HTTP itself. It starts N workers
+(`nexuskv_sidecar.worker`), each inheriting the listening socket and one end of its own socket pair, and answers
+their calls (`_channel.serve_channel`) on one thread per worker. HTTP, authentication, parsing and checking run in
+the workers, in parallel on as many cores; the decisions (plan, route, commit, materialize, report) are the one
+kernel's, so MACs, tenants, deadlines, breakers, sessions and the report-once rule are exactly the in-process
+ones. A worker that dies is started again (at most `_RESTARTS` times a minute); the kernel's process going away
+ends every worker (their channels close).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from nexuskv import get_logger
+from nexuskv_sidecar._backend import KernelBackend
+from nexuskv_sidecar._channel import Channel, serve_channel
+
+__all__ = ["Workers"]
+
+log = get_logger("nexuskv_sidecar")
+_RESTARTS = 10  # restarts of dead workers per minute, all workers together, before giving up on restarting
+
+
+class _Worker:
+    def __init__(self, index: int, proc: subprocess.Popen[bytes], channel: Channel) -> None:
+        self.index = index
+        self.proc = proc
+        self.channel = channel
+        self.ready = threading.Event()
+        self.thread: threading.Thread | None = None
+
+
+class Workers:
+    """`count` worker processes serving `sock` for `kernel`; `settings` is what each worker is told at start."""
+
+    def __init__(self, kernel: Any, sock: socket.socket, count: int, settings: dict[str, Any]) -> None:
+        self.backend = KernelBackend(kernel)
+        self.sock = sock
+        self.count = count
+        self.settings = settings
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="nexuskv-sidecar-kernel")
+        self.workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._restarts: list[float] = []
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start every worker; returns once each accepts connections (`RuntimeError` if one does not)."""
+        for i in range(self.count):
+            self.workers.append(self._spawn(i))
+        end = time.monotonic() + timeout_s
+        for w in self.workers:
+            while not w.ready.wait(0.05):
+                if w.proc.poll() is not None or time.monotonic() > end:
+                    self.close()
+                    raise RuntimeError(f"sidecar worker {w.index} did not start (exit status {w.proc.poll()})")
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids (those running now)."""
+        with self._lock:
+            return [w.proc.pid for w in self.workers if w.proc.poll() is None]
+
+    def _spawn(self, index: int) -> _Worker:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            fds = (self.sock.fileno(), theirs.fileno())
+            proc = subprocess.Popen([sys.executable, "-m", "nexuskv_sidecar.worker", *map(str, fds)], pass_fds=fds)
+        finally:
+            theirs.close()
+        worker = _Worker(index, proc, Channel(ours))
+        worker.channel.send(self.settings)
+        worker.thread = threading.Thread(target=self._serve, args=(worker,), name=f"nexuskv-sidecar-worker-{index}",
+                                         daemon=True)  # fmt: skip
+        worker.thread.start()
+        return worker
+
+    def _serve(self, worker: _Worker) -> None:
+        serve_channel(worker.channel, self.backend, self.pool, on_ready=lambda pid: worker.ready.set())
+        if self._closing.is_set():
+            return
+        status = worker.proc.wait()
+        worker.channel.close()
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < 60] + [now]
+        if len(self._restarts) > _RESTARTS:
+            log.error("sidecar worker died; too many restarts this minute, not restarting", worker=worker.index,
+                      status=status)  # fmt: skip
+            return
+        log.warning("sidecar worker died; starting it again", worker=worker.index, status=status)
+        with self._lock:
+            if self._closing.is_set():
+                return
+            self.workers[worker.index] = self._spawn(worker.index)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop every worker (SIGTERM: requests in flight finish; killed after `timeout_s`) and the call pool."""
+        self._closing.set()
+        with self._lock:
+            workers = list(self.workers)
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.terminate()
+        end = time.monotonic() + timeout_s
+        for w in workers:
+            try:
+                w.proc.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+            w.channel.close()
+            if w.thread is not None:
+                w.thread.join(timeout_s)
+        with contextlib.suppress(Exception):
+            self.pool.shutdown(wait=True, cancel_futures=True)

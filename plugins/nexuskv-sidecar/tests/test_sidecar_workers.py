@@ -1,0 +1,274 @@
+"""Worker processes and the binary token encoding: the same answers as one process, and every fault handled.
+
+The whole API suite (`test_sidecar_api.py`) runs against one process and against two workers (the `sidecar`
+fixture); these tests add what only workers and the binary encoding have: the encoding's own errors, a reference
+model under many threads, the report-once rule across workers, a malformed channel, a killed worker, and a kernel
+process that stops answering.
+"""
+
+from __future__ import annotations
+
+import array
+import http.client
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from _sidecar_helpers import TOKENS, call, commit_all, make_request
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nexuskv import Kernel, LoadReport, Request, Slo, from_dict, to_dict
+from nexuskv_sidecar import Sidecar, SidecarClient, SidecarConfig, digest
+from nexuskv_sidecar._backend import KernelBackend
+from nexuskv_sidecar._binary import CONTENT_TYPE, Parsed, encode
+from nexuskv_sidecar._channel import Channel, serve_channel
+
+
+def post_binary(port: int, path: str, body: bytes, token: str = TOKENS["chat"]) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", path, body=body, headers={"Authorization": f"Bearer {token}", "Content-Type": CONTENT_TYPE})
+    resp = conn.getresponse()
+    out = resp.status, json.loads(resp.read())
+    conn.close()
+    return out
+
+
+def binary_of(req: Request) -> bytes:
+    head = to_dict(req)
+    return encode(head, head.pop("token_ids"))
+
+
+# ---------------------------------------------------------------------------------------------- the encoding
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=300), st.sampled_from(["", "salt"]), st.integers(0, 9))
+def test_the_binary_encoding_gives_the_request_json_gives(ids, salt, priority):
+    from nexuskv_sidecar._binary import head, split
+
+    req = make_request(ids, cache_salt=salt, priority=priority)
+    document, got_ids = split(binary_of(req), 1 << 19)
+    parsed = Parsed(head(document), got_ids)
+    assert parsed.request() == req == from_dict(Request, json.loads(json.dumps(to_dict(req))))
+    assert pickle.loads(pickle.dumps(parsed)).request() == req  # what travels to the kernel's process
+    assert Parsed.of(req).request() == req
+
+
+def test_binary_plans_and_routes_equal_json_ones(sidecar, kernel):
+    req = make_request(range(70_000, 70_000 + 320), request_id="bin")
+    commit_all(kernel, req)
+    status, by_json = call(sidecar.port, "POST", "/v1/plan", to_dict(req))
+    status_b, by_binary = post_binary(sidecar.port, "/v1/plan", binary_of(req))
+    assert status == status_b == 200
+    same = ("action", "tokens_total", "tokens_reused", "spans", "request_id", "policy_revision")
+    assert {k: by_binary[k] for k in same} == {k: by_json[k] for k in same}
+    assert by_binary["tokens_reused"] == 320 and by_binary["mac"]
+    nodes = [{"node": "n1", "queue_ms": 5.0}, {"node": "n2", "queue_ms": 0.0}]
+    head = to_dict(req)
+    ids = head.pop("token_ids")
+    status, routed = post_binary(sidecar.port, "/v1/route", encode({"request": head, "nodes": nodes}, ids))
+    assert status == 200
+    assert routed == call(sidecar.port, "POST", "/v1/route", {"request": to_dict(req), "nodes": nodes})[1]
+
+
+def test_binary_bodies_get_a_clear_400_naming_what_is_wrong(sidecar):
+    req = make_request(range(64))
+    good = binary_of(req)
+    n = int.from_bytes(good[4:8], "little")
+    cases = {
+        b"JSON" + good[4:]: "starts with b'NKV1'",
+        good[:4] + (len(good)).to_bytes(4, "little") + good[8:]: "runs past the body's end",
+        good + b"\x01": "not a whole number of uint32 ids",
+        good[:8] + b"[" + good[9:8 + n] + good[8 + n:]: "the JSON part is not JSON",
+        encode(to_dict(req), []): "token_ids: given in the JSON part",
+    }
+    for body, why in cases.items():
+        status, answer = post_binary(sidecar.port, "/v1/plan", body)
+        assert status == 400 and why in answer["error"], (why, answer)
+    head = to_dict(req)
+    head.pop("token_ids")
+    head["model"]["nmae"] = "typo"
+    del head["tenant"]
+    status, answer = post_binary(sidecar.port, "/v1/plan", encode(head, range(64)))
+    assert status == 400 and {p["path"] for p in answer["problems"]} == {"model.nmae", "tenant"}
+    assert post_binary(sidecar.port, "/v1/plan", good, token=TOKENS["rag"])[0] == 403
+    status, answer = post_binary(sidecar.port, "/v1/route", encode({"request": {}, "nodes": [], "x": 1}, []))
+    assert status == 400 and answer["error"] == "body: unknown field 'x'"
+
+
+def test_binary_token_counts_are_capped_before_any_id_is_read(kernel):
+    cfg = SidecarConfig(port=0, tokens={digest(TOKENS["chat"]): "chat"}, max_tokens=100, workers=2)
+    with Sidecar(cfg, kernel=kernel) as sc:
+        status, answer = post_binary(sc.port, "/v1/plan", binary_of(make_request(range(101))))
+        assert status == 400 and answer["error"] == "request: 101 tokens, over the limit of 100"
+
+
+def test_the_python_client_speaks_both_encodings(sidecar, kernel):
+    req = make_request(range(5000, 5000 + 256), request_id="py-bin")
+    commit_all(kernel, req)
+    with SidecarClient(sidecar.url, TOKENS["chat"]) as j, SidecarClient(sidecar.url, TOKENS["chat"], binary=True) as b:
+        pj, pb = j.plan(req), b.plan(req)
+        assert (pb.action, pb.tokens_reused, pb.spans) == (pj.action, pj.tokens_reused, pj.spans)
+        nodes = [{"node": "n1", "queue_ms": 1.0}]
+        assert b.route(req, nodes) == j.route(req, nodes)
+        assert b.fail_opens == j.fail_opens == 0
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+
+def test_many_threads_through_two_workers_get_the_kernels_own_answers(kernel):
+    """A reference model: each answer equals the plan the kernel makes in this process for the same request."""
+    held = [make_request(range(1000 * i, 1000 * i + 64 * (i + 1)), request_id=f"h{i}") for i in range(6)]
+    for req in held:
+        commit_all(kernel, req)
+    cold = [make_request(range(900_000 + 100 * i, 900_000 + 100 * i + 96), request_id=f"c{i}") for i in range(6)]
+    reference = {r.request_id: (p.action, p.tokens_reused) for r in held + cold if (p := kernel.plan(r))}
+    cfg = SidecarConfig(port=0, tokens={digest(TOKENS["chat"]): "chat"}, workers=2, tenant_concurrency=8)
+    problems: list[str] = []
+    with Sidecar(cfg, kernel=kernel) as sc:
+
+        def caller(seed: int) -> None:
+            with SidecarClient(sc.url, TOKENS["chat"], timeout_s=10, binary=seed % 2 == 0) as c:
+                for i in range(30):
+                    req = (held + cold)[(seed * 7 + i) % 12]
+                    plan = c.plan(req)
+                    if (plan.action, plan.tokens_reused) != reference[req.request_id]:
+                        problems.append(f"{req.request_id}: {plan.action} {plan.tokens_reused} {plan.reasons}")
+
+        threads = [threading.Thread(target=caller, args=(s,)) for s in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert problems == []
+
+
+def served_channels(kernel: Kernel, n: int) -> list[Channel]:
+    """`n` channels answered by one kernel backend, as the sidecar's workers' are (the other ends returned)."""
+    import concurrent.futures
+
+    backend = KernelBackend(kernel)
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+    ends = []
+    for _ in range(n):
+        ours, theirs = socket.socketpair()
+        threading.Thread(target=serve_channel, args=(Channel(ours), backend, pool), daemon=True).start()
+        ends.append(Channel(theirs))
+    return ends
+
+
+def test_a_plan_is_reported_once_whichever_worker_carries_the_report(kernel):
+    req = make_request(range(128))
+    commit_all(kernel, req)
+    plan = kernel.plan(req)
+    first, second = served_channels(kernel, 2)
+    report = LoadReport(ok=True)
+    first.send((1, "report", (plan, report, None)))
+    assert first.recv() == (1, "ok", {"recompute_from": 128})
+    second.send((2, "report", (plan, report, None)))
+    assert second.recv() == (2, "err", (409, f"plan {plan.decision_id} was reported already", []))
+
+
+def test_a_malformed_channel_is_closed_and_an_unknown_call_refused(kernel):
+    (chan,) = served_channels(kernel, 1)
+    chan.send((5, "unlink", ("/etc/passwd",)))
+    assert chan.recv() == (5, "err", (500, "unknown call 'unlink'", []))
+    chan.sock.sendall((12).to_bytes(4, "little") + b"not a pickle")  # garbage: the kernel's side hangs up
+    with pytest.raises(EOFError):
+        chan.recv()
+    (chan,) = served_channels(kernel, 1)
+    chan.sock.sendall((1 << 31).to_bytes(4, "little"))  # a frame past the limit is never read into memory
+    with pytest.raises(EOFError):
+        chan.recv()
+
+
+def test_a_killed_worker_is_started_again_and_plans_go_on(kernel):
+    cfg = SidecarConfig(port=0, tokens={digest(TOKENS["chat"]): "chat"}, workers=2)
+    req = make_request(range(64))
+    with Sidecar(cfg, kernel=kernel) as sc:
+        before = sc.workers.pids
+        os.kill(before[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pids = sc.workers.pids
+            if len(pids) == 2 and before[0] not in pids and all(w.ready.is_set() for w in sc.workers.workers):
+                break
+            time.sleep(0.05)
+        assert len(sc.workers.pids) == 2 and before[0] not in sc.workers.pids
+        answers = [call(sc.port, "POST", "/v1/plan", to_dict(req))[0] for _ in range(20)]
+        assert answers == [200] * 20
+    assert all(not os.path.exists(f"/proc/{p}") or _zombie(p) for p in sc.workers.pids)  # every worker stopped
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_worker_whose_kernel_process_is_silent_fails_open_and_ends_when_it_is_gone():
+    """This test plays the kernel's process: it answers nothing, then hangs up."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    ours, theirs = socket.socketpair()
+    fds = (listener.fileno(), theirs.fileno())
+    proc = subprocess.Popen([sys.executable, "-m", "nexuskv_sidecar.worker", *map(str, fds)], pass_fds=fds)
+    theirs.close()
+    chan = Channel(ours)
+    try:
+        chan.send({"node": "n1", "max_deadline_ms": 100.0, "tokens": {digest(TOKENS["chat"]): "chat"},
+                   "max_body_bytes": 1 << 20, "limits": {}})  # fmt: skip
+        assert chan.recv()[1] == "ready"
+        port = listener.getsockname()[1]
+        req = make_request(range(64), slo=Slo(deadline_ms=100.0))
+        t0 = time.monotonic()
+        status, plan = call(port, "POST", "/v1/plan", to_dict(req))
+        waited = time.monotonic() - t0
+        assert status == 200 and plan["action"] == "recompute" and plan["tokens_total"] == 64
+        assert plan["reasons"] == ["fail-open: sidecar: the sidecar's kernel process did not answer plan within 1.1 s"]
+        assert waited >= 1.0
+        assert chan.recv()[1] == "plan"  # the call it made, never answered
+        status, _ = call(port, "GET", "/v1/status", token=TOKENS["chat"])
+        assert status == 403  # refused by the worker itself: no kernel needed to say no
+        chan.close()  # the kernel's process is gone: the worker stops by itself
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        listener.close()
+
+
+def test_workers_are_bounded_in_the_config(tmp_path):
+    from nexuskv import ConfigError
+
+    for bad in (0, 65, True):
+        with pytest.raises(ConfigError, match="workers"):
+            SidecarConfig.from_mapping({"workers": bad})
+    assert SidecarConfig.from_mapping({"workers": 4}).workers == 4
+
+
+def test_the_workers_inherit_only_their_channel_and_the_listening_socket(kernel):
+    """Nothing another process or user could connect to: no Unix path, no extra port, per worker."""
+    cfg = SidecarConfig(port=0, tokens={digest(TOKENS["chat"]): "chat"}, workers=2)
+    with Sidecar(cfg, kernel=kernel) as sc:
+        for pid in sc.workers.pids:
+            sockets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            sockets = [s for s in sockets if s.startswith("socket:")]
+            inodes = {s[8:-1] for s in sockets}
+            with open("/proc/net/unix") as f:  # Unix sockets of the worker: unnamed (no path) every one
+                named = [line.split()[-1] for line in f if line.split()[6] in inodes and len(line.split()) > 7]
+            assert named == []
+            with open("/proc/net/tcp") as f:  # listening TCP sockets of the worker: the sidecar's port only
+                listening = {int(line.split()[1].split(":")[1], 16) for line in list(f)[1:]
+                             if line.split()[9] in inodes and line.split()[3] == "0A"}  # fmt: skip
+            assert listening == {sc.port}
+    assert array.array("I").itemsize == 4  # the encoding's uint32 on this platform
