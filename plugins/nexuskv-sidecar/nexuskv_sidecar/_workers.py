@@ -1,7 +1,8 @@
 """Private: the sidecar's worker processes, seen from the kernel's process: spawn, answer, restart, stop.
 
 With `workers = N` (N > 1) the kernel's process serves no HTTP itself. It starts N workers
-(`nexuskv_sidecar.worker`), each inheriting the listening socket and one end of its own socket pair, and answers
+(`nexuskv_sidecar.worker`), each inheriting a listening socket (one each, all on the sidecar's port) and one end of
+its own socket pair, and answers
 their calls (`_channel.serve_channel`) on one thread per worker. HTTP, authentication, parsing and checking run in
 the workers, in parallel on as many cores; the decisions (plan, route, commit, materialize, report) are the one
 kernel's, so MACs, tenants, deadlines, breakers, sessions and the report-once rule are exactly the in-process
@@ -40,12 +41,15 @@ class _Worker:
 
 
 class Workers:
-    """`count` worker processes serving `sock` for `kernel`; `settings` is what each worker is told at start."""
+    """One worker process per listening socket in `socks` (all on one port), each answered by `kernel`.
 
-    def __init__(self, kernel: Any, sock: socket.socket, count: int, settings: dict[str, Any]) -> None:
+    `settings` is what each worker is told at start.
+    """
+
+    def __init__(self, kernel: Any, socks: list[socket.socket], settings: dict[str, Any]) -> None:
         self.backend = KernelBackend(kernel)
-        self.sock = sock
-        self.count = count
+        self.socks = socks
+        self.count = len(socks)
         self.settings = settings
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="nexuskv-sidecar-kernel")
         self.workers: list[_Worker] = []
@@ -73,7 +77,7 @@ class Workers:
     def _spawn(self, index: int) -> _Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            fds = (self.sock.fileno(), theirs.fileno())
+            fds = (self.socks[index].fileno(), theirs.fileno())  # a restarted worker takes its socket's backlog
             proc = subprocess.Popen([sys.executable, "-m", "nexuskv_sidecar.worker", *map(str, fds)], pass_fds=fds)
         finally:
             theirs.close()

@@ -44,20 +44,16 @@ class Sidecar:
                              oversize_hold_s=config.oversize_hold_s,
                              oversize_holds_per_token=config.oversize_holds_per_token)  # fmt: skip
         self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes, limits=self.limits)
-        self._sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._sock.bind((config.host, config.port))
-        except OSError as exc:
-            self._sock.close()
-            if self._own_kernel:
-                self.kernel.close()
-            raise OSError(exc.errno, f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
-        self._sock.listen(2048)  # connections made before uvicorn runs wait in the backlog, not refused
+        self._sock = self._listen(config.port, reuse_port=config.workers > 1)
         self.port: int = self._sock.getsockname()[1]
+        self._socks = [self._sock]
         self.workers: Workers | None = None
         if config.workers > 1:
-            self.workers = Workers(self.kernel, self._sock, config.workers, {
+            # one listening socket per worker on the same port (SO_REUSEPORT: the kernel spreads new connections
+            # over them, and only sockets of this user may join): a burst of connections is shared, not taken
+            # by whichever worker wakes first
+            self._socks += [self._listen(self.port, reuse_port=True) for _ in range(config.workers - 1)]
+            self.workers = Workers(self.kernel, self._socks, {
                 "node": self.kernel.node, "max_deadline_ms": self.kernel.config.max_deadline_ms,
                 "tokens": dict(config.tokens), "max_body_bytes": config.max_body_bytes,
                 "limits": attrs.asdict(self.limits)})  # fmt: skip
@@ -67,6 +63,24 @@ class Sidecar:
             timeout_graceful_shutdown=5))  # fmt: skip
         self._thread: threading.Thread | None = None
         self._started = False
+
+    def _listen(self, port: int, reuse_port: bool) -> socket.socket:
+        host = self.config.host
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            for other in getattr(self, "_socks", ()):
+                other.close()
+            if self._own_kernel:
+                self.kernel.close()
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        sock.listen(2048)  # connections made before the server runs wait in the backlog, not refused
+        return sock
 
     @property
     def tenants(self) -> list[str]:
@@ -132,8 +146,9 @@ class Sidecar:
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(10)
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        for sock in self._socks:
+            with contextlib.suppress(OSError):
+                sock.close()
         self.app.close()
         self._close_kernel()
 
