@@ -17,12 +17,13 @@ import queue
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from nexuskv import NodeState, Request, get_logger, to_dict
 from nexuskv_sidecar._backend import fail_open
 from nexuskv_sidecar._binary import Parsed
-from nexuskv_sidecar._channel import MAX_FRAME, frame
+from nexuskv_sidecar._channel import MAX_FRAME, FrameTooLarge, frame
 from nexuskv_sidecar._codec import ApiError
 
 __all__ = ["RemoteBackend"]
@@ -58,7 +59,10 @@ class RemoteBackend:
     # ------------------------------------------------------------------------------------------ plumbing
 
     def _send(self, message: Any) -> None:
-        data = frame(message)
+        try:
+            data = frame(message)
+        except FrameTooLarge as exc:
+            raise ApiError(413, f"body: too large to hand to the kernel's process ({exc})") from None
         if self._transport is None or self._loop is None or self.gone.is_set():
             raise ApiError(*_GONE)
         if threading.get_ident() == self._loop_thread:
@@ -102,7 +106,7 @@ class RemoteBackend:
         with self._lock:
             self._waiting[call_id] = fut
         try:
-            self._send((call_id, op, args))
+            self._send((call_id, op, args, time.monotonic() + timeout_s))
             return self._value(*fut.result(timeout_s))
         except concurrent.futures.TimeoutError:
             raise ApiError(503, f"the sidecar's kernel process did not answer {op} within {timeout_s:g} s") from None
@@ -118,7 +122,7 @@ class RemoteBackend:
         with self._lock:
             self._waiting[call_id] = fut
         try:
-            self._send((call_id, op, args))
+            self._send((call_id, op, args, time.monotonic() + timeout_s))
             async with asyncio.timeout(timeout_s):
                 return self._value(*await fut)
         except TimeoutError:
@@ -142,6 +146,8 @@ class RemoteBackend:
             if exc.status < 500:
                 raise
             return to_dict(fail_open(parts, f"sidecar: {exc.detail}"))
+        except Exception as exc:  # the loop or the transport closing under the call: still a plan
+            return to_dict(fail_open(parts, f"sidecar: {type(exc).__name__}"))
 
     def plan(self, req: Request | Parsed, session: str | None) -> dict[str, Any]:
         """`aplan` from a thread other than the loop's."""
@@ -182,12 +188,12 @@ class RemoteBackend:
         """Liveness of the kernel's process (a 503 when it is gone)."""
         return self.call("healthz", timeout_s=5.0)
 
-    def subscribe(self) -> _RemoteSubscription:
-        """A decision subscription fed by the kernel's process (call on the loop)."""
+    def subscribe(self, tenant: str | None = None) -> _RemoteSubscription:
+        """A decision subscription fed by the kernel's process, of `tenant` (None: all); call on the loop."""
         stream_id = next(self._ids)
         sub = self._streams[stream_id] = _RemoteSubscription(self, stream_id)
         try:
-            self._send((stream_id, "subscribe", ()))
+            self._send((stream_id, "subscribe", (tenant,), None))
         except ApiError:
             sub.end()
         return sub
@@ -195,7 +201,7 @@ class RemoteBackend:
     def unsubscribe(self, stream_id: int) -> None:
         """Stop a decision subscription (call on the loop)."""
         if self._streams.pop(stream_id, None) is not None and not self.gone.is_set():
-            self._send((stream_id, "unsubscribe", ()))
+            self._send((stream_id, "unsubscribe", (), None))
 
 
 class _Reader(asyncio.Protocol):
@@ -233,6 +239,10 @@ class _RemoteLog:
 
     def subscribe(self) -> _RemoteSubscription:
         return self.backend.subscribe()
+
+    def subscribe_for(self, tenant: str | None) -> _RemoteSubscription:
+        """A subscription filtered in the kernel's process (only `tenant`'s records cross the channel)."""
+        return self.backend.subscribe(tenant)
 
     async def arecent(self, n: int) -> list[dict[str, Any]]:
         return list(await self.backend.acall("recent", n, timeout_s=5.0))

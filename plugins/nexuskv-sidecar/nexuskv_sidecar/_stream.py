@@ -99,7 +99,8 @@ class Stream:
             self.streams.leave(self.caller)
 
     async def _run(self, send: Callable[[dict[str, Any]], Awaitable[None]], gone: asyncio.Event) -> None:
-        sub = self.log.subscribe()
+        subscribe_for = getattr(self.log, "subscribe_for", None)  # a worker's: filtered where the records are
+        sub = subscribe_for(self.tenant) if subscribe_for else self.log.subscribe()
         sent = 0
         try:
             await send({"type": "http.response.start", "status": 200,

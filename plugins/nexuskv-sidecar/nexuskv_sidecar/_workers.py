@@ -6,8 +6,8 @@ its own socket pair, and answers
 their calls (`_channel.serve_channel`) on one thread per worker. HTTP, authentication, parsing and checking run in
 the workers, in parallel on as many cores; the decisions (plan, route, commit, materialize, report) are the one
 kernel's, so MACs, tenants, deadlines, breakers, sessions and the report-once rule are exactly the in-process
-ones. A worker that dies is started again (at most `_RESTARTS` times a minute); the kernel's process going away
-ends every worker (their channels close).
+ones. A worker that dies is started again (past `_RESTARTS` restarts a minute, after a growing pause, never
+giving up); the kernel's process going away ends every worker (their channels close).
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from nexuskv_sidecar._channel import Channel, serve_channel
 __all__ = ["Workers"]
 
 log = get_logger("nexuskv_sidecar")
-_RESTARTS = 10  # restarts of dead workers per minute, all workers together, before giving up on restarting
+_RESTARTS = 10  # restarts of dead workers per minute, all workers together, before restarts back off
+_SEND_TIMEOUT_S = 10.0  # a worker that takes no answer for this long is ended (and started again)
+_GRACE_S = 7.0  # SIGTERM to kill: the workers' server finishes requests in flight for up to 5 s
 
 
 class _Worker:
@@ -79,10 +81,14 @@ class Workers:
         try:
             fds = (self.socks[index].fileno(), theirs.fileno())  # a restarted worker takes its socket's backlog
             proc = subprocess.Popen([sys.executable, "-m", "nexuskv_sidecar.worker", *map(str, fds)], pass_fds=fds)
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
-        worker = _Worker(index, proc, Channel(ours))
-        worker.channel.send(self.settings)
+        worker = _Worker(index, proc, Channel(ours, strict=True, send_timeout_s=_SEND_TIMEOUT_S))
+        with contextlib.suppress(OSError):  # it died at once: its thread sees the channel closed, starts it again
+            worker.channel.send(self.settings)
         worker.thread = threading.Thread(target=self._serve, args=(worker,), name=f"nexuskv-sidecar-worker-{index}",
                                          daemon=True)  # fmt: skip
         worker.thread.start()
@@ -90,23 +96,33 @@ class Workers:
 
     def _serve(self, worker: _Worker) -> None:
         serve_channel(worker.channel, self.backend, self.pool, on_ready=lambda pid: worker.ready.set())
-        if self._closing.is_set():
-            return
-        status = worker.proc.wait()
-        worker.channel.close()
-        now = time.monotonic()
-        self._restarts = [t for t in self._restarts if now - t < 60] + [now]
-        if len(self._restarts) > _RESTARTS:
-            log.error("sidecar worker died; too many restarts this minute, not restarting", worker=worker.index,
-                      status=status)  # fmt: skip
-            return
-        log.warning("sidecar worker died; starting it again", worker=worker.index, status=status)
-        with self._lock:
-            if self._closing.is_set():
-                return
-            self.workers[worker.index] = self._spawn(worker.index)
+        try:  # the channel is closed: the worker exits by itself (it lost its kernel), or is made to
+            status = worker.proc.wait(_SEND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            worker.proc.kill()
+            status = worker.proc.wait()
+        while not self._closing.is_set():
+            with self._lock:
+                now = time.monotonic()
+                self._restarts = [t for t in self._restarts if now - t < 60] + [now]
+                over = len(self._restarts) - _RESTARTS
+            if over > 0:  # a crash loop: back off (never give up: a sidecar without workers serves nothing)
+                log.error("sidecar worker died; restarts this minute are over the budget, backing off",
+                          worker=worker.index, status=status, wait_s=min(30.0, 0.5 * 2 ** min(over, 6)))  # fmt: skip
+                if self._closing.wait(min(30.0, 0.5 * 2 ** min(over, 6))):
+                    return
+            else:
+                log.warning("sidecar worker died; starting it again", worker=worker.index, status=status)
+            with self._lock:
+                if self._closing.is_set():
+                    return
+                try:
+                    self.workers[worker.index] = self._spawn(worker.index)
+                    return
+                except OSError as exc:
+                    log.error("sidecar worker could not be started", worker=worker.index, error=str(exc))
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = _GRACE_S) -> None:
         """Stop every worker (SIGTERM: requests in flight finish; killed after `timeout_s`) and the call pool."""
         self._closing.set()
         with self._lock:

@@ -72,7 +72,8 @@ class Limits:
 
 
 PUBLIC = frozenset({"/healthz", "/v1/openapi.json"})  # the only paths served without a token
-_INLINE_BYTES = 64 << 10  # binary plan bodies a worker parses on its loop (16k tokens; no Python int is made)
+_INLINE_BYTES = 64 << 10  # binary plan bodies a worker parses on its loop (16k tokens; no Python int is made) ...
+_INLINE_JSON = 2048  # ... when their JSON part is this small (a large one may be slow to check: the pool's work)
 _PLANNED = frozenset({"/v1/plan", "/v1/route", "/v1/materialize", "/v1/report"})  # `Limits.plan_body_bytes`
 
 
@@ -176,16 +177,21 @@ class _Api:
         aplan = getattr(self.backend, "aplan", None)
         if aplan is None:  # the kernel is in this process: parsing and planning on the pool
             return await self.in_turn(http, self._plan)
-        async with self.turn(http.caller):  # a worker: small binary bodies are parsed on the loop (no thread
-            # handoff; at most `_INLINE_BYTES`, a few tens of microseconds), others on the pool; the call is awaited
-            if _is_binary(http) and len(http.body) <= _INLINE_BYTES:
+        async with self.turn(http.caller):  # a worker: a binary body with a small JSON part is parsed on the loop
+            # (no thread handoff; tens of microseconds at most), others on the pool; the call is awaited
+            if _is_binary(http) and len(http.body) <= _INLINE_BYTES and _json_part(http.body) <= _INLINE_JSON:
                 req, session = self.plan_input(http)
             else:
-                req, session = await self.run(self.plan_input, http)
+                req, session = await self.run(self.parsed_input, http)
             return await aplan(req, session)
 
     def _plan(self, http: HttpRequest) -> Any:
         return self.backend.plan(*self.plan_input(http))
+
+    def parsed_input(self, http: HttpRequest) -> tuple[Parsed, str | None]:
+        """`plan_input` with the ids as uint32s (what a worker sends the kernel's process)."""
+        req, session = self.plan_input(http)
+        return (req if isinstance(req, Parsed) else Parsed.of(req)), session
 
     def plan_input(self, http: HttpRequest) -> tuple[Request | Parsed, str | None]:
         """A plan body's request, checked, of a tenant the caller acts for, within the limits; and its session."""
@@ -309,6 +315,10 @@ class _Api:
     async def spec(self, http: HttpRequest) -> Any:
         """GET /v1/openapi.json: the API's OpenAPI 3.1 document (no token)."""
         return openapi()
+
+
+def _json_part(body: bytes) -> int:
+    return int.from_bytes(body[4:8], "little") if len(body) >= 8 else 0
 
 
 def _is_binary(http: HttpRequest) -> bool:

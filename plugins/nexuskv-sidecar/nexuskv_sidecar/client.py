@@ -138,8 +138,15 @@ class SidecarClient:
         if not self.binary:
             return orjson.dumps(body), self._headers
         req = dict(body if member is None else body[member])
-        ids = req.pop("token_ids", ())
-        return encode(req if member is None else {**body, member: req}, ids), self._binary_headers
+        at = "" if member is None else f"{member}."
+        if "token_ids" not in req:
+            raise SidecarError(400, "invalid request (not sent)", [(f"{at}token_ids", "required field is missing")])
+        ids = req.pop("token_ids")
+        try:
+            return encode(req if member is None else {**body, member: req}, ids), self._binary_headers
+        except (OverflowError, TypeError) as exc:  # an id that is not a uint32: what the server would refuse
+            problem = [(f"{at}token_ids", f"not uint32 ids: {exc}")]
+            raise SidecarError(400, "invalid request (not sent)", problem) from None
 
     def _must(self, method: str, path: str, body: Any, retry: bool = True) -> Any:
         try:

@@ -42,6 +42,14 @@ def main(argv: list[str]) -> int:
         proxy_headers=False, server_header=False, date_header=False, timeout_keep_alive=30,
         timeout_graceful_shutdown=5))  # fmt: skip
 
+    stop = server.handle_exit
+
+    def handle_exit(sig: int, frame: object) -> None:  # SIGTERM / SIGINT: decision streams end now, not after
+        app.close_streams()  # the server's grace period (they would hold it to the end)
+        stop(sig, frame)  # type: ignore[arg-type]
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
+
     def watch() -> None:  # the kernel's process is gone: nothing could be answered any more
         backend.gone.wait()
         app.close_streams()
@@ -53,7 +61,7 @@ def main(argv: list[str]) -> int:
         while not server.started and not task.done():  # tell the kernel's process once connections are accepted
             await asyncio.sleep(0.005)
         if server.started:
-            backend._send((0, "ready", os.getpid()))
+            backend._send((0, "ready", os.getpid(), None))
         await task
 
     threading.Thread(target=watch, name="nexuskv-sidecar-watch", daemon=True).start()

@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nexuskv import Kernel, LoadReport, Request, Slo, from_dict, to_dict
-from nexuskv_sidecar import Sidecar, SidecarClient, SidecarConfig, digest
+from nexuskv_sidecar import Sidecar, SidecarClient, SidecarConfig, SidecarError, digest
 from nexuskv_sidecar._backend import KernelBackend
 from nexuskv_sidecar._binary import CONTENT_TYPE, Parsed, encode
 from nexuskv_sidecar._channel import Channel, serve_channel
@@ -120,6 +120,15 @@ def test_the_python_client_speaks_both_encodings(sidecar, kernel):
         nodes = [{"node": "n1", "queue_ms": 1.0}]
         assert b.route(req, nodes) == j.route(req, nodes)
         assert b.fail_opens == j.fail_opens == 0
+        for ids, problem in ((list(range(2**32, 2**32 + 16)), "not uint32 ids"), (None, "required field is missing")):
+            body = to_dict(req)
+            if ids is None:
+                del body["token_ids"]
+            else:
+                body["token_ids"] = ids
+            with pytest.raises(SidecarError) as err:  # the caller's mistake: raised, as the server's 400 would be
+                b.plan(body)
+            assert err.value.status == 400 and problem in err.value.problems[0][1]
 
 
 # ---------------------------------------------------------------------------------------------- workers
@@ -161,7 +170,7 @@ def served_channels(kernel: Kernel, n: int) -> list[Channel]:
     ends = []
     for _ in range(n):
         ours, theirs = socket.socketpair()
-        threading.Thread(target=serve_channel, args=(Channel(ours), backend, pool), daemon=True).start()
+        threading.Thread(target=serve_channel, args=(Channel(ours, strict=True), backend, pool), daemon=True).start()
         ends.append(Channel(theirs))
     return ends
 
@@ -172,16 +181,33 @@ def test_a_plan_is_reported_once_whichever_worker_carries_the_report(kernel):
     plan = kernel.plan(req)
     first, second = served_channels(kernel, 2)
     report = LoadReport(ok=True)
-    first.send((1, "report", (plan, report, None)))
+    first.send((1, "report", (plan, report, None), None))
     assert first.recv() == (1, "ok", {"recompute_from": 128})
-    second.send((2, "report", (plan, report, None)))
+    second.send((2, "report", (plan, report, None), None))
     assert second.recv() == (2, "err", (409, f"plan {plan.decision_id} was reported already", []))
 
 
-def test_a_malformed_channel_is_closed_and_an_unknown_call_refused(kernel):
+class _RunsCode:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))  # what pickle.loads would run
+
+
+def test_a_malformed_channel_is_closed_and_an_unknown_call_refused(kernel, tmp_path):
     (chan,) = served_channels(kernel, 1)
-    chan.send((5, "unlink", ("/etc/passwd",)))
+    chan.send((5, "unlink", ("/etc/passwd",), None))
     assert chan.recv() == (5, "err", (500, "unknown call 'unlink'", []))
+    chan.send((6, "status", (), time.monotonic() - 1))  # the worker stopped waiting: the call is not run at all
+    assert chan.recv() == (6, "err", (503, "status expired in the kernel process's queue (the worker stopped "
+                                           "waiting)", []))  # fmt: skip
+    marker = tmp_path / "ran"
+    chan.send((7, "status", (_RunsCode(str(marker)),), None))  # a pickle that runs code: refused, channel closed
+    with pytest.raises(EOFError):
+        chan.recv()
+    assert not marker.exists()
+    (chan,) = served_channels(kernel, 1)
     chan.sock.sendall((12).to_bytes(4, "little") + b"not a pickle")  # garbage: the kernel's side hangs up
     with pytest.raises(EOFError):
         chan.recv()
@@ -189,6 +215,18 @@ def test_a_malformed_channel_is_closed_and_an_unknown_call_refused(kernel):
     chan.sock.sendall((1 << 31).to_bytes(4, "little"))  # a frame past the limit is never read into memory
     with pytest.raises(EOFError):
         chan.recv()
+
+
+def test_an_answer_too_large_for_the_channel_fails_that_call_only(kernel, monkeypatch):
+    import nexuskv_sidecar._channel as channel_module
+
+    (chan,) = served_channels(kernel, 1)
+    monkeypatch.setattr(channel_module, "MAX_FRAME", 200)  # a status document is larger than this
+    chan.send((1, "status", (), None))
+    kind, (status, detail, _) = chan.recv()[1:]
+    assert kind == "err" and status == 507 and "too large for a worker" in detail
+    chan.send((2, "healthz", (), None))  # the same channel goes on
+    assert chan.recv() == (2, "ok", {"ok": True, "node": "n1", "control_ok": True})
 
 
 def test_a_killed_worker_is_started_again_and_plans_go_on(kernel):
