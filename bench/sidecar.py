@@ -136,9 +136,21 @@ def in_process(k: Kernel, req: Request, n: int) -> tuple[float, int]:
     return (lat[int(0.99 * len(lat))] if lat else float("nan")), fell
 
 
-def measure(client: list[str], url: str, body: str, encoding: str, k: Kernel, req: Request,
+def cpu_s(pid: int) -> float:
+    """CPU seconds a process has used (user + system, all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(client: list[str], sc: Sidecar, body: str, encoding: str, k: Kernel, req: Request,
             base: list[float]) -> dict[str, float]:  # fmt: skip
-    """Latency on one connection and plans/s on `CONNECTIONS`, `PASSES` passes each, against the sidecar at `url`."""
+    """Latency on one connection and plans/s on `CONNECTIONS`, `PASSES` passes each, against the sidecar `sc`.
+
+    For each throughput pass, the CPU time each sidecar process used per plan answered: a figure a busy machine
+    moves less than plans/s (it counts what the sidecar did, not what it waited for).
+    """
+    url = sc.url
+    pids = [os.getpid()] + (sc.workers.pids if sc.workers is not None else [])
     load(client, url, body, 1, WARMUP, encoding)  # warm up
     print("1. latency, one connection (ms)")
     p99s = []
@@ -153,11 +165,16 @@ def measure(client: list[str], url: str, body: str, encoding: str, k: Kernel, re
     print(f"2. throughput, {CONNECTIONS} connections")
     rates, dropped = [], 0.0
     for i in range(PASSES):
+        before = [cpu_s(p) for p in pids]
         got = load(client, url, body, CONNECTIONS, THROUGHPUT, encoding)
+        used = [(cpu_s(p) - b) * 1e3 / max(got["plans"], 1) for p, b in zip(pids, before, strict=True)]
         rates.append(got["plans_per_s"])
         dropped += got["server_fail_open"] + got["fail_open"]
+        where = " + ".join(f"{u:.3f}" for u in used)
         print(f"  pass {i}: {got['plans_per_s']:.0f} plans/s (p50 {got['p50_ms']:.3f} p99 {got['p99_ms']:.3f} ms); "
-              f"kernel fail-open {got['server_fail_open']:.0f}, client fail-open {got['fail_open']:.0f}")
+              f"kernel fail-open {got['server_fail_open']:.0f}, client fail-open {got['fail_open']:.0f}; CPU ms per "
+              f"plan, {'kernel process + workers' if len(used) > 1 else 'the one process'}: {where} = "
+              f"{sum(used):.3f}")  # fmt: skip
     return {"p99": statistics.median(p99s), "rate": statistics.median(rates), "dropped": dropped}
 
 
@@ -219,7 +236,7 @@ def main() -> None:
                   f"({'HTTP in the kernel process' if workers == 1 else 'HTTP processes asking the kernel process'}), "
                   f"{encoding} bodies")  # fmt: skip
             with Sidecar(SidecarConfig(port=0, tokens=tokens, workers=workers), kernel=k) as sc:
-                figures[workers, encoding] = measure(client, sc.url, str(body), encoding, k, req, base)
+                figures[workers, encoding] = measure(client, sc, str(body), encoding, k, req, base)
         p99, rate = (figures[GOAL_CONFIG][x] for x in ("p99", "rate"))
         print("\nsummary (median over passes): config -> one-connection p99 ms, plans/s on "
               f"{CONNECTIONS} connections")  # fmt: skip
