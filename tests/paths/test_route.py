@@ -217,7 +217,11 @@ def test_bad_node_lists_and_reports_are_errors():
             k.route(req, [])
         with pytest.raises(ValueError, match=r"repeat: \['a'\]"):
             k.route(req, [NodeState("a"), NodeState("a")])
-    for bad, match in ((dict(queued_prefill_tokens=-1), "queued_prefill_tokens must be an int >= 0, got -1"),
+    past = r"must be an int >= 0 and < 2\^53, got"
+    for bad, match in ((dict(queued_prefill_tokens=-1), f"queued_prefill_tokens {past} -1"),
+                       (dict(waiting_requests=10**400), f"waiting_requests {past} 'an int of 1329 bits'"),
+                       (dict(running_decodes=2**53), f"running_decodes {past} 9007"),
+                       (dict(queue_ms=10**400), "queue_ms must be a finite number >= 0, got inf"),
                        (dict(running_decodes=1.5), "running_decodes must be an int"),
                        (dict(waiting_requests=True), "waiting_requests must be an int"),
                        (dict(decode_ms=float("inf")), "decode_ms must be a finite number >= 0, got inf"),

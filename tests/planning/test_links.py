@@ -228,3 +228,13 @@ def test_probe_s_is_checked():
         link_estimates({"probe_s": -1}, default_profile())
     with pytest.raises(ConfigError, match="probe_s"):  # no window: an aged slow link would never be looked at again
         link_estimates({"probe_s": 0}, default_profile())
+
+
+def test_max_age_s_is_finite_and_positive():
+    from nexuskv import ConfigError
+    from nexuskv.planning.links import link_estimates
+
+    assert link_estimates({"max_age_s": 5}, default_profile()).max_age_s == 5.0
+    for bad in (0, -1, float("nan"), float("inf"), "soon"):  # NaN compared false everywhere: an estimate never aged
+        with pytest.raises(ConfigError, match="max_age_s and probe_s finite and > 0"):
+            link_estimates({"max_age_s": bad}, default_profile())

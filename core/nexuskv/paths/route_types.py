@@ -30,17 +30,25 @@ def _as_count(value: Any) -> Any:
 
 
 def _as_ms(value: Any) -> Any:
-    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else value
+    try:
+        return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else value
+    except OverflowError:  # an int past a float's range is not a time (the validator names it)
+        return math.inf
 
 
 def _as_labels(value: Any) -> Any:
     return dict(value) if isinstance(value, Mapping) else value
 
 
+_MAX_COUNT = 1 << 53  # counts stay exact as floats: the pricing does float arithmetic with them
+
+
 def _count(name: str, value: Any) -> int:
     value = _as_count(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"NodeState.{name} must be an int >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_COUNT:
+        big = isinstance(value, int) and value.bit_length() >= 64
+        shown = f"an int of {value.bit_length()} bits" if big else value
+        raise ValueError(f"NodeState.{name} must be an int >= 0 and < 2^53, got {shown!r}")
     return value
 
 
@@ -78,7 +86,8 @@ class NodeState:
         if not isinstance(node, str) or not node:
             raise ValueError(f"NodeState.node must be a non-empty string, got {node!r}")
         q, w, r = self.queued_prefill_tokens, self.waiting_requests, self.running_decodes
-        if not (type(q) is int and type(w) is int and type(r) is int and q >= 0 and w >= 0 and r >= 0):
+        if not (type(q) is int and type(w) is int and type(r) is int and 0 <= q < _MAX_COUNT and 0 <= w < _MAX_COUNT
+                and 0 <= r < _MAX_COUNT):  # fmt: skip
             for name in ("queued_prefill_tokens", "waiting_requests", "running_decodes"):
                 object.__setattr__(self, name, _count(name, getattr(self, name)))
         d = self.decode_ms

@@ -208,10 +208,10 @@ def link_estimates(config: Mapping[str, object], profile: CostProfile,
         min_samples = int(config.get("min_samples", 8))  # type: ignore[call-overload]
         max_age_s = float(config.get("max_age_s", 30.0))  # type: ignore[arg-type]
         probe_s = float(config.get("probe_s", 1.0))  # type: ignore[arg-type]
-        if not 0.0 < decay < 1.0 or min_samples < 1 or max_age_s <= 0 or not 0 < probe_s < math.inf:
-            raise ValueError
+        if not 0.0 < decay < 1.0 or min_samples < 1 or not 0 < max_age_s < math.inf or not 0 < probe_s < math.inf:
+            raise ValueError  # NaN fails every comparison: refused too
     except (TypeError, ValueError):
-        raise ConfigError("[links]: decay must be in (0, 1), min_samples a positive integer, max_age_s positive "
-                          "and probe_s finite and > 0") from None  # fmt: skip
+        raise ConfigError("[links]: decay must be in (0, 1), min_samples a positive integer, max_age_s and "
+                          "probe_s finite and > 0") from None  # fmt: skip
     return LinkEstimates(profile, decay=decay, min_samples=min_samples, max_age_s=max_age_s, clock=clock,
                          probe_s=probe_s)  # fmt: skip
