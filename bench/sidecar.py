@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson  # the sidecar's JSON parser (it brings orjson)
 
@@ -178,10 +179,14 @@ def measure(client: list[str], sc: Sidecar, body: str, encoding: str, k: Kernel,
     return {"p99": statistics.median(p99s), "rate": statistics.median(rates), "dropped": dropped}
 
 
-def parse_binary(body: bytes) -> Request:
-    """What a worker does with a binary body (the sidecar's own code path, `nexuskv_sidecar._binary`)."""
+def parse_binary(body: bytes, ints: bool = True) -> Any:
+    """A binary body parsed by the sidecar's own code (`nexuskv_sidecar._binary`).
+
+    The whole request; or, `ints` false, what a worker hands the kernel's process: the checked request without
+    ids, and the ids as uint32s.
+    """
     document, ids = _binary.split(body, 1 << 19)
-    return _binary.with_tokens(document, ids)
+    return _binary.with_tokens(document, ids) if ints else _binary.Parsed(_binary.head(document), ids)
 
 
 def abuse(client: list[str], url: str, body: str, host: str, port: str, width: int) -> tuple[dict[str, float], str]:
@@ -261,11 +266,14 @@ def main() -> None:
                       f"{got['server_fail_open']:.0f}, client fail-open {got['fail_open']:.0f}")  # fmt: skip
             raw = body.read_bytes()
             binary = (Path(tmp) / "request.bin").read_bytes()
+            parsed = parse_binary(binary, ints=False)
             keys = k.keys(req)
             parts = {  # what one 4k plan costs the server, part by part (public calls the handler makes)
                 "JSON parse alone (orjson)": lambda: orjson.loads(raw),
                 "parse, check and build the request (from_json)": lambda: from_json(Request, raw),
                 "the same from the binary encoding": lambda: parse_binary(binary),
+                "the same, ids kept as uint32s (a worker)": lambda: parse_binary(binary, ints=False),
+                "the request's 4,096 Python ints (kernel process)": parsed.request,
                 "block keys of the request": lambda: k.keys(req),
                 "plan with its keys given": lambda: k.plan(req, keys=keys),
                 "plan, keys computed inside": lambda: k.plan(req),
