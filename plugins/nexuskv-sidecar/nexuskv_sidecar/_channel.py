@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from nexuskv import get_logger
+from nexuskv import Request, get_logger
 from nexuskv_sidecar._backend import KernelBackend
 from nexuskv_sidecar._binary import _parsed
 from nexuskv_sidecar._codec import ApiError
@@ -57,6 +57,9 @@ def frame(message: Any) -> bytes:
     return _LEN.pack(len(data)) + data
 
 
+_MODULES = frozenset({"nexuskv.paths.route_types", "nexuskv.paths.load"})  # NodeState, LoadReport
+
+
 class _Contracts(pickle.Unpickler):
     """Unpickles what a worker may send and nothing else.
 
@@ -66,12 +69,21 @@ class _Contracts(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("nexuskv_sidecar._binary", "_parsed"):
-            return _parsed
-        if module.startswith("nexuskv.contracts.") or module in ("nexuskv.paths.route_types", "nexuskv.paths.load"):
-            cls = super().find_class(module, name)
-            if isinstance(cls, type) and (attrs.has(cls) or issubclass(cls, enum.Enum)):
+            return _checked_parsed
+        if "." not in name and (module.startswith("nexuskv.contracts.") or module in _MODULES):
+            try:  # a plain name, defined in that module (no re-export either)
+                cls = super().find_class(module, name)
+            except (AttributeError, ImportError):
+                cls = None
+            if isinstance(cls, type) and cls.__module__ == module and (attrs.has(cls) or issubclass(cls, enum.Enum)):
                 return cls
         raise pickle.UnpicklingError(f"{module}.{name} is not something a worker sends")
+
+
+def _checked_parsed(head: Any, raw: Any) -> Any:
+    if not isinstance(head, Request) or not isinstance(raw, bytes):
+        raise pickle.UnpicklingError("a request's head and ids are a Request and bytes")
+    return _parsed(head, raw)
 
 
 class Channel:
@@ -86,19 +98,35 @@ class Channel:
         self.strict = strict
         self._send_lock = threading.Lock()
         self._buf = bytearray()
+        self._closed = False
         if send_timeout_s is not None:
             whole = int(send_timeout_s)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
                             struct.pack("ll", whole, int((send_timeout_s - whole) * 1e6)))  # fmt: skip
 
+    @property
+    def closed(self) -> bool:
+        """True once hung up: nothing more is sent, and nothing already read is handed out."""
+        return self._closed
+
     def send(self, message: Any) -> None:
-        """Send one message (whole, never interleaved with another thread's)."""
+        """Send one message (whole, never interleaved with another thread's).
+
+        A send that fails part-way (the other end gone, or not reading within the send timeout) hangs the channel
+        up before the lock is released: no frame ever follows half of one.
+        """
         data = frame(message)
         with self._send_lock:
-            self.sock.sendall(data)
+            if self._closed:
+                raise BrokenPipeError("the channel was hung up")
+            try:
+                self.sock.sendall(data)
+            except BaseException:
+                self._hangup()
+                raise
 
     def recv(self) -> Any:
-        """The next message; `EOFError` when the other end is gone or breaks the framing.
+        """The next message; `EOFError` when the other end is gone, breaks the framing, or the channel was hung up.
 
         Reads in large chunks: frames that arrived together cost one system call (and one wait for the GIL).
         """
@@ -110,21 +138,42 @@ class Channel:
             raise EOFError(f"a frame of {n} bytes is over the channel's limit")
         while len(buf) < 4 + n:
             self._fill()
+        if self._closed:
+            raise EOFError("the channel was hung up")
         data = bytes(buf[4:4 + n])
         del buf[:4 + n]
         return _Contracts(io.BytesIO(data)).load() if self.strict else pickle.loads(data)
 
     def _fill(self) -> None:
+        if self._closed:
+            raise EOFError("the channel was hung up")
         chunk = self.sock.recv(1 << 20)
         if not chunk:
             raise EOFError("the other end closed the channel")
         self._buf += chunk
 
-    def close(self) -> None:
-        """Close the socket (the other end's `recv` ends with `EOFError`)."""
+    def pending(self) -> int:
+        """Bytes read but not yet handed out (none after the first message, for a worker's settings)."""
+        return len(self._buf)
+
+    def _hangup(self) -> None:
+        self._closed = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
+
+    def hangup(self) -> None:
+        """End the channel from any thread: the other end's `recv` ends, and so does this end's.
+
+        Its buffered frames are dropped. The descriptor stays open until `close`, on the reader's thread.
+        """
+        self._hangup()
+
+    def close(self) -> None:
+        """Hang up and close the descriptor (on the reader's thread, or once no thread uses the channel)."""
+        self._hangup()
+        with self._send_lock:
+            self._buf.clear()
+            self.sock.close()
 
 
 # ---------------------------------------------------------------------------------------------- kernel's side
@@ -142,6 +191,8 @@ def serve_channel(channel: Channel, backend: KernelBackend, pool: concurrent.fut
     streams: dict[int, Any] = {}
 
     def answer(call_id: int, op: str, fn: Callable[[], Any], expires: float | None) -> None:
+        if channel.closed:  # read before the channel was hung up: its worker is gone, nobody waits for this
+            return
         try:
             if expires is not None and time.monotonic() > expires:
                 raise ApiError(503, f"{op} expired in the kernel process's queue (the worker stopped waiting)")
@@ -158,8 +209,8 @@ def serve_channel(channel: Channel, backend: KernelBackend, pool: concurrent.fut
                 channel.send((call_id, "err", (507, f"{op}: the answer is too large for a worker ({exc}); ask for "
                                                     "less (materialize without payloads=1, fewer recent records)",
                                                [])))  # fmt: skip
-        except OSError:  # the worker is gone, or stopped reading: it is ended, and started again
-            channel.close()
+        except OSError:  # the worker is gone, or stopped reading: the channel was hung up (it is started again)
+            pass
 
     try:
         while True:

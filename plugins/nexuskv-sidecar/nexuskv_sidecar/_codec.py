@@ -21,6 +21,8 @@ from nexuskv import ContractError, LoadReport, NodeState, Plan, Request, from_di
 
 __all__ = ["ApiError", "decode", "dumps", "field", "load_report", "nodes", "payloads"]
 
+MAX_NODES = 4096  # candidates one route prices (`nexuskv.paths.route.MAX_NODES`, the kernel's own bound)
+
 
 class ApiError(Exception):
     """An answer other than 200: `status`, a one-line `detail`, and field `problems` for contract errors."""
@@ -124,6 +126,9 @@ def nodes(data: Any) -> list[NodeState]:
     """A route body's `nodes`: a list of node states."""
     if not isinstance(data, list) or not data:
         raise ApiError(400, "nodes: expected a non-empty list", [("nodes", "expected a non-empty list")])
+    if len(data) > MAX_NODES:  # before any is built (the kernel refuses more)
+        raise ApiError(400, f"nodes: {len(data)} candidates, at most {MAX_NODES} (pre-select them)",
+                       [("nodes", f"more than {MAX_NODES}")])  # fmt: skip
     nodes = [_attrs(NodeState, d, f"nodes[{i}]") for i, d in enumerate(data)]
     seen: set[str] = set()
     for i, n in enumerate(nodes):

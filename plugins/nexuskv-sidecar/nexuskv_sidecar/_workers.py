@@ -61,8 +61,12 @@ class Workers:
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Start every worker; returns once each accepts connections (`RuntimeError` if one does not)."""
-        for i in range(self.count):
-            self.workers.append(self._spawn(i))
+        try:
+            for i in range(self.count):
+                self.workers.append(self._spawn(i))
+        except BaseException:
+            self.close()
+            raise
         end = time.monotonic() + timeout_s
         for w in self.workers:
             while not w.ready.wait(0.05):
@@ -119,8 +123,9 @@ class Workers:
                 try:
                     self.workers[worker.index] = self._spawn(worker.index)
                     return
-                except OSError as exc:
-                    log.error("sidecar worker could not be started", worker=worker.index, error=str(exc))
+                except Exception as exc:  # tried again after the next pause, never given up
+                    log.error("sidecar worker could not be started", worker=worker.index,
+                              error=f"{type(exc).__name__}: {exc}")  # fmt: skip
 
     def close(self, timeout_s: float = _GRACE_S) -> None:
         """Stop every worker (SIGTERM: requests in flight finish; killed after `timeout_s`) and the call pool."""
@@ -137,7 +142,7 @@ class Workers:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
-            w.channel.close()
+            w.channel.hangup()  # its reader thread closes it
             if w.thread is not None:
                 w.thread.join(timeout_s)
         with contextlib.suppress(Exception):

@@ -142,9 +142,12 @@ class SidecarClient:
         if "token_ids" not in req:
             raise SidecarError(400, "invalid request (not sent)", [(f"{at}token_ids", "required field is missing")])
         ids = req.pop("token_ids")
+        if isinstance(ids, (str, bytes, bytearray, memoryview)) or any(type(i) is bool for i in ids):
+            problem = [(f"{at}token_ids", "expected a list of integers")]  # (bytes would be read as raw uint32s)
+            raise SidecarError(400, "invalid request (not sent)", problem)
         try:
             return encode(req if member is None else {**body, member: req}, ids), self._binary_headers
-        except (OverflowError, TypeError) as exc:  # an id that is not a uint32: what the server would refuse
+        except (OverflowError, TypeError, ValueError) as exc:  # not uint32 ids: what the server would refuse
             problem = [(f"{at}token_ids", f"not uint32 ids: {exc}")]
             raise SidecarError(400, "invalid request (not sent)", problem) from None
 
@@ -185,7 +188,7 @@ class SidecarClient:
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(conn)
                 raise _Unavailable(f"unreachable: {type(exc).__name__}: {exc}") from None
-        if resp.status >= 500:
+        if resp.status >= 500 and resp.status != 507:  # 507: an answer too large for a worker, not an outage
             raise _Unavailable(f"error {resp.status}: {raw[:200].decode(errors='replace')}")
         try:
             value = orjson.loads(raw)

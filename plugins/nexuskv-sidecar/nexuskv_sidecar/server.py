@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import sys
 import threading
 
 import attrs
@@ -44,6 +45,13 @@ class Sidecar:
                              oversize_hold_s=config.oversize_hold_s,
                              oversize_holds_per_token=config.oversize_holds_per_token)  # fmt: skip
         self.app = create_app(self.kernel, config.tokens, max_body_bytes=config.max_body_bytes, limits=self.limits)
+        if config.workers > 1:
+            if not sys.platform.startswith("linux"):  # elsewhere SO_REUSEPORT does not spread connections
+                if self._own_kernel:
+                    self.kernel.close()
+                raise ConfigError(f"workers = {config.workers} needs Linux (this is {sys.platform}); use workers = 1")
+            if config.port:  # the port must be free: SO_REUSEPORT would otherwise share it with any socket of this
+                self._listen(config.port, reuse_port=False).close()  # user's that has the option (another sidecar)
         self._sock = self._listen(config.port, reuse_port=config.workers > 1)
         self.port: int = self._sock.getsockname()[1]
         self._socks = [self._sock]

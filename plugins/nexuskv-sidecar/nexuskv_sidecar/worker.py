@@ -33,6 +33,8 @@ def main(argv: list[str]) -> int:
     listen_fd, channel_fd = int(argv[0]), int(argv[1])
     channel = Channel(socket.socket(fileno=channel_fd))
     settings = channel.recv()  # the one blocking read: then the loop owns the channel
+    if channel.pending():  # the kernel's process sends nothing before this worker says it is ready
+        raise SystemExit("sidecar worker: the kernel's process sent more than the settings before 'ready'")
     sock = socket.socket(fileno=listen_fd)
     backend = RemoteBackend(settings["node"], settings["max_deadline_ms"])
     app = create_app(backend, settings["tokens"], max_body_bytes=settings["max_body_bytes"],
