@@ -33,6 +33,7 @@ from nexuskv import (
 )
 from nexuskv_sim.api import TIERS, BaseStrategy, ClusterView, Decision, Fetch, Prefetch, SimRequest
 from nexuskv_sim.calibrate import measured_profile
+from nexuskv_sim.decode_fit import DecodeFit
 from nexuskv_sim.profile import Profile
 from nexuskv_sim.reuse import RecentRoutes
 from nexuskv_sim.trace import token_ids
@@ -57,6 +58,8 @@ class NexusKVStrategy(BaseStrategy):
         self._kernels: dict[str, Kernel] = {}
         self._layouts: dict[str, Layout] = {}
         self._recent = RecentRoutes()
+        self._fits: dict[str, DecodeFit] = {}  # per model: what a running decode adds to TTFT, from measured TTFTs
+        self._routed: dict[int, tuple[float, int]] = {}  # request -> (prediction without decodes, node's decodes)
         self._view: Any = None  # the cluster view of the latest decision: its `now` is the kernels' clock
 
     # ------------------------------------------------------------------------------------------ kernels
@@ -114,11 +117,14 @@ class NexusKVStrategy(BaseStrategy):
         loads = view.loads()
         sent = self._recent.since(loads)  # what this scheduler routed since each report: it knows, reports lag
         states = []
+        fit = self._fits.setdefault(req.model, DecodeFit())
+        decode_ms = fit.decode_ms
         for n in nodes:
             reqs, tokens, _ = sent.get(n, (0, 0, 0))
             states.append(NodeState(n, queued_prefill_tokens=loads[n].queued_prefill_tokens + tokens,
                                     waiting_requests=loads[n].waiting_requests + reqs,
-                                    running_decodes=loads[n].running_decodes, overlap_loads=True))  # fmt: skip
+                                    running_decodes=loads[n].running_decodes, decode_ms=decode_ms,
+                                    overlap_loads=True))  # fmt: skip
         d = kernel.route(request, states, keys=keys)
         if d.node is None:  # the tenant's route rules allow none of these nodes: refused, as a scheduler would
             return Decision("", reason="; ".join(d.reasons))
@@ -128,6 +134,9 @@ class NexusKVStrategy(BaseStrategy):
         prefetches = tuple(Prefetch(t, f, e) for f, e, t, n in option.prefetch
                            if n == node and option.prefetch_to == "hbm") if option is not None else ()  # fmt: skip
         reused = option.reuse_tokens if option is not None else 0
+        if option is not None:  # what was predicted without the decodes, to learn what they add (`DecodeFit`)
+            decodes = loads[node].running_decodes
+            self._routed[req.rid] = (option.predicted_ttft_ms - decodes * decode_ms, decodes)
         self._recent.add(view.now, node, max(1, req.input_tokens - reused), req.blocks)
         return Decision(node, fetches, reason="; ".join(d.reasons), prefetches=prefetches)
 
@@ -156,6 +165,13 @@ class NexusKVStrategy(BaseStrategy):
             name = f"peer:{source}" if source and source != node else tier  # another node's state: its link
             if name:
                 k.links.observe(name, float(nbytes), ms / 1e3)
+
+    def observe_done(self, req: SimRequest, node: str, ttft_ms: float) -> None:
+        """Learn what running decodes add to TTFT from the request's measured TTFT (as a scheduler measures it)."""
+        routed = self._routed.pop(req.rid, None)
+        if routed is not None:
+            predicted, decodes = routed
+            self._fits.setdefault(req.model, DecodeFit()).observe(decodes, ttft_ms - predicted)
 
     def stats(self) -> Mapping[str, Any]:
         """Route fail-opens per model."""
