@@ -58,8 +58,8 @@ class NexusKVStrategy(BaseStrategy):
         self._kernels: dict[str, Kernel] = {}
         self._layouts: dict[str, Layout] = {}
         self._recent = RecentRoutes()
-        self._fits: dict[str, DecodeFit] = {}  # per model: what a running decode adds to TTFT, from measured TTFTs
-        self._routed: dict[int, tuple[float, int]] = {}  # request -> (prediction without decodes, node's decodes)
+        self._fits: dict[str, DecodeFit] = {}  # per model: what running decodes add to TTFT, from measured TTFTs
+        self._routed: dict[int, tuple[float, float]] = {}  # request -> (prediction without decodes, its fit's x)
         self._view: Any = None  # the cluster view of the latest decision: its `now` is the kernels' clock
 
     # ------------------------------------------------------------------------------------------ kernels
@@ -118,12 +118,15 @@ class NexusKVStrategy(BaseStrategy):
         sent = self._recent.since(loads)  # what this scheduler routed since each report: it knows, reports lag
         states = []
         fit = self._fits.setdefault(req.model, DecodeFit())
-        decode_ms = fit.decode_ms
+        per_ktok = fit.decode_ms  # ms one running decode adds per 1,000 tokens of prefill ahead of the first token
+        work: dict[str, float] = {}
         for n in nodes:
             reqs, tokens, _ = sent.get(n, (0, 0, 0))
-            states.append(NodeState(n, queued_prefill_tokens=loads[n].queued_prefill_tokens + tokens,
+            queued = loads[n].queued_prefill_tokens + tokens
+            work[n] = (queued + req.input_tokens) / 1e3
+            states.append(NodeState(n, queued_prefill_tokens=queued,
                                     waiting_requests=loads[n].waiting_requests + reqs,
-                                    running_decodes=loads[n].running_decodes, decode_ms=decode_ms,
+                                    running_decodes=loads[n].running_decodes, decode_ms=per_ktok * work[n],
                                     overlap_loads=True))  # fmt: skip
         d = kernel.route(request, states, keys=keys)
         if d.node is None:  # the tenant's route rules allow none of these nodes: refused, as a scheduler would
@@ -136,7 +139,8 @@ class NexusKVStrategy(BaseStrategy):
         reused = option.reuse_tokens if option is not None else 0
         if option is not None:  # what was predicted without the decodes, to learn what they add (`DecodeFit`)
             decodes = loads[node].running_decodes
-            self._routed[req.rid] = (option.predicted_ttft_ms - decodes * decode_ms, decodes)
+            self._routed[req.rid] = (option.predicted_ttft_ms - decodes * per_ktok * work[node],
+                                     decodes * work[node])  # fmt: skip
         self._recent.add(view.now, node, max(1, req.input_tokens - reused), req.blocks)
         return Decision(node, fetches, reason="; ".join(d.reasons), prefetches=prefetches)
 
@@ -170,8 +174,8 @@ class NexusKVStrategy(BaseStrategy):
         """Learn what running decodes add to TTFT from the request's measured TTFT (as a scheduler measures it)."""
         routed = self._routed.pop(req.rid, None)
         if routed is not None:
-            predicted, decodes = routed
-            self._fits.setdefault(req.model, DecodeFit()).observe(decodes, ttft_ms - predicted)
+            predicted, x = routed
+            self._fits.setdefault(req.model, DecodeFit()).observe(x, ttft_ms - predicted)
 
     def stats(self) -> Mapping[str, Any]:
         """Route fail-opens per model."""

@@ -1,4 +1,4 @@
-"""The decode-cost fit: what one running decode adds to TTFT, from (decodes, TTFT error) pairs only."""
+"""The decode-cost fit: what running decodes add to TTFT, from (decodes x prefill ahead, TTFT error) pairs only."""
 
 import random
 
@@ -43,10 +43,10 @@ def test_the_strategy_learns_from_measured_ttfts_and_reports_it_to_the_route():
     try:
         busy, idle = FakeView(("n0", "n1"), load={"n0": {"decodes": 40}}), FakeView(("n0", "n1"))
         assert s.decide(request(0, [7, 8, 9]), busy).node == "n0"  # decodes cost nothing yet: the name decides
-        for i in range(64):  # one node whose measured TTFT grows by 100 ms per decode it was running
+        for i in range(64):  # one node whose measured TTFT grows by 100 ms per decode per 1,000 tokens ahead
             view = FakeView(("n0",), load={"n0": {"decodes": i % 41}})
             req = request(i + 1, [1000 * i + j for j in range(4)])
-            s.observe_done(req, s.decide(req, view).node, 100.0 * (i % 41))
+            s.observe_done(req, s.decide(req, view).node, 100.0 * (i % 41) * req.input_tokens / 1e3)
         assert 90 < s._fits["m"].decode_ms < 110
         assert s.decide(request(99, [7, 8, 9]), busy).node == "n1"  # the busy decoder now loses
         assert s.decide(request(98, [7, 8, 9]), idle).node == "n0"
