@@ -35,7 +35,7 @@ from nexuskv_sidecar._backend import KernelBackend
 from nexuskv_sidecar._binary import _parsed
 from nexuskv_sidecar._codec import ApiError
 
-__all__ = ["MAX_FRAME", "Channel", "FrameTooLarge", "frame", "serve_channel"]
+__all__ = ["MAX_FRAME", "Channel", "FrameTooLarge", "frame", "serve_channel", "take_frame"]
 
 log = get_logger("nexuskv_sidecar")
 _LEN = struct.Struct("<I")
@@ -58,6 +58,24 @@ def frame(message: Any) -> bytes:
 
 
 _MODULES = frozenset({"nexuskv.paths.route_types", "nexuskv.paths.load"})  # NodeState, LoadReport
+
+
+def take_frame(buf: bytearray) -> bytes | None:
+    """The first whole frame's pickle in `buf`, taken out of it; None while it is incomplete.
+
+    `EOFError` when the frame announces more than `MAX_FRAME` bytes (it is never waited for). Both ends read with
+    it: `Channel.recv` and the worker's loop (`_remote`).
+    """
+    if len(buf) < 4:
+        return None
+    (n,) = _LEN.unpack_from(buf)
+    if n > MAX_FRAME:
+        raise EOFError(f"a frame of {n} bytes is over the channel's limit")
+    if len(buf) < 4 + n:
+        return None
+    data = bytes(buf[4:4 + n])
+    del buf[:4 + n]
+    return data
 
 
 class _Contracts(pickle.Unpickler):
@@ -130,19 +148,13 @@ class Channel:
 
         Reads in large chunks: frames that arrived together cost one system call (and one wait for the GIL).
         """
-        buf = self._buf
-        while len(buf) < 4:
+        while True:
+            if self._closed:
+                raise EOFError("the channel was hung up")
+            data = take_frame(self._buf)
+            if data is not None:
+                return _Contracts(io.BytesIO(data)).load() if self.strict else pickle.loads(data)
             self._fill()
-        (n,) = _LEN.unpack_from(buf)
-        if n > MAX_FRAME:
-            raise EOFError(f"a frame of {n} bytes is over the channel's limit")
-        while len(buf) < 4 + n:
-            self._fill()
-        if self._closed:
-            raise EOFError("the channel was hung up")
-        data = bytes(buf[4:4 + n])
-        del buf[:4 + n]
-        return _Contracts(io.BytesIO(data)).load() if self.strict else pickle.loads(data)
 
     def _fill(self) -> None:
         if self._closed:

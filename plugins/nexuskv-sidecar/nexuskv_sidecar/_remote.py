@@ -15,7 +15,6 @@ import itertools
 import pickle
 import queue
 import socket
-import struct
 import threading
 import time
 from typing import Any
@@ -23,13 +22,12 @@ from typing import Any
 from nexuskv import NodeState, Request, get_logger, to_dict
 from nexuskv_sidecar._backend import fail_open
 from nexuskv_sidecar._binary import Parsed
-from nexuskv_sidecar._channel import MAX_FRAME, FrameTooLarge, frame
+from nexuskv_sidecar._channel import FrameTooLarge, frame, take_frame
 from nexuskv_sidecar._codec import ApiError
 
 __all__ = ["RemoteBackend"]
 
 log = get_logger("nexuskv_sidecar")
-_LEN = struct.Struct("<I")
 _STREAM_KEPT = 1000  # records a worker's decision stream holds before it drops (as the kernel's own subscriber)
 _GONE = (503, "the sidecar's kernel process is gone", [])
 
@@ -212,20 +210,18 @@ class _Reader(asyncio.Protocol):
         self.buf = bytearray()
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        while len(buf) >= 4:
-            (n,) = _LEN.unpack_from(buf)
-            if n > MAX_FRAME:
-                self.backend._lost(f"a frame of {n} bytes is over the channel's limit")
+        self.buf += data
+        while True:
+            try:
+                message = take_frame(self.buf)
+            except EOFError as exc:
+                self.backend._lost(str(exc))
                 if self.backend._transport is not None:
                     self.backend._transport.close()
                 return
-            if len(buf) < 4 + n:
+            if message is None:
                 return
-            message = pickle.loads(buf[4:4 + n])
-            del buf[:4 + n]
-            self.backend._arrived(*message)
+            self.backend._arrived(*pickle.loads(message))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.backend._lost(str(exc) if exc else "the kernel's process closed the channel")
