@@ -6,7 +6,10 @@ this node's changes to Redis (fenced by its epoch, server side), the follower ap
 `_index_sync`). The kernel binds it at start (`bind`): it learns the node's name, epochs and lease renewals
 from the kernel's membership, and checks peers against the control plane's view.
 
-Config: `[matcher] name = "redis"`, `url`, `prefix`, `timeout_s`, `poll_s`, `batch_keys`, `stream_maxlen`.
+Config: `[matcher] name = "redis"`, `url`, `prefix`, `timeout_s`, `poll_s`, `batch_keys`, `stream_maxlen`,
+`shards` (every node's holding and stream split by key into this many shards; the same in the whole deployment),
+`follow` (`"all"` shards, `"none"`: this node holds only its own entries and follows no peer, or a list of the
+shards this process follows) and `resync_threads` (shards read at once when a peer is resynced).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nexuskv import DictIndex, Holding, IndexSnapshot, Layout, Location, Match
-from nexuskv_tier_redis._index_sync import KEY_LEN, Follower, Op, Publisher
+from nexuskv_tier_redis._index_follow import Follower
+from nexuskv_tier_redis._index_lua import MAX_SHARDS
+from nexuskv_tier_redis._index_sync import KEY_LEN, Op, Publisher
 from nexuskv_tier_redis.client import make_client
 
 __all__ = ["ClusterIndex"]
@@ -31,7 +36,13 @@ class ClusterIndex:
     """Planning reads the local index only: bounded, honours `match(..., deadline=)`."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "nexuskv/", timeout_s: float = 0.5,
-                 poll_s: float = 0.1, batch_keys: int = 4096, stream_maxlen: int = 100_000) -> None:  # fmt: skip
+                 poll_s: float = 0.1, batch_keys: int = 4096, stream_maxlen: int = 100_000, shards: int = 1,
+                 follow: str | Sequence[int] = "all", resync_threads: int = 8) -> None:  # fmt: skip
+        self.shards = shards
+        self.follow = _followed(shards, follow)
+        if not isinstance(resync_threads, int) or isinstance(resync_threads, bool) or not 1 <= resync_threads <= 64:
+            raise ValueError(f"resync_threads is a whole number from 1 to 64, got {resync_threads!r}")
+        self._resync_threads = resync_threads
         if not prefix.endswith("/"):
             raise ValueError(f"prefix must end with '/', got {prefix!r}")
         if poll_s >= timeout_s:
@@ -58,11 +69,15 @@ class ClusterIndex:
             return view.members() if view is not None and getattr(view, "synced", True) else None
 
         self.publisher = Publisher(self._client, self.prefix, self.node, self._take, self._snapshot,
-                                   batch_keys=self._batch_keys, maxlen=self._maxlen)  # fmt: skip
-        self.follower = Follower(self._client, self.prefix, self.node, self._local, members, poll_s=self._poll_s)
+                                   batch_keys=self._batch_keys, maxlen=self._maxlen, shards=self.shards)  # fmt: skip
+        if self.follow:
+            self.follower = Follower(self._client, self.prefix, self.node, self._local, members, poll_s=self._poll_s,
+                                     shards=self.shards, follow=self.follow,
+                                     resync_threads=self._resync_threads)  # fmt: skip
         self.publisher.on_fenced = membership.rejoin
         self.publisher.start()
-        self.follower.start()
+        if self.follower is not None:
+            self.follower.start()
         ttl = membership.lease_ttl_s
         membership.listen(lambda epoch, renewed_at: self.publisher.beat(epoch, renewed_at, ttl))  # type: ignore[union-attr]
 
@@ -199,7 +214,21 @@ class ClusterIndex:
 
     def __repr__(self) -> str:
         """URL, prefix and node."""
-        return f"<ClusterIndex {self.url} prefix={self.prefix!r} node={self.node!r}>"
+        return f"<ClusterIndex {self.url} prefix={self.prefix!r} node={self.node!r} shards={self.shards}>"
+
+
+def _followed(shards: Any, follow: Any) -> tuple[int, ...]:
+    """The shards a process follows, checked: `"all"`, `"none"` or a list of shard numbers."""
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(f"shards is a whole number from 1 to {MAX_SHARDS}, got {shards!r}")
+    if follow == "all":
+        return tuple(range(shards))
+    if follow == "none":
+        return ()
+    if isinstance(follow, (list, tuple)) and follow and all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < shards for s in follow):  # fmt: skip
+        return tuple(sorted(set(follow)))
+    raise ValueError(f'follow is "all", "none" or a non-empty list of shards from 0 to {shards - 1}, got {follow!r}')
 
 
 def _check(key: bytes) -> None:

@@ -11,7 +11,7 @@ import redis
 
 from nexuskv import Kernel, KernelConfig, Location, PluginError
 from nexuskv_tier_redis import ClusterIndex
-from nexuskv_tier_redis._index_lua import REGISTER, keys_of
+from nexuskv_tier_redis._index_lua import REGISTER, all_keys
 from nexuskv_tier_redis._index_sync import publish_ops, stale
 from nexuskv_tier_redis.cluster_testing import Cluster
 
@@ -78,7 +78,7 @@ def test_the_server_refuses_a_stale_identity_and_a_lower_epoch(kernels, redis_se
         publish_ops(r, f"{prefix}/", "a", "999:not-the-token", [("S", "dram", 1, os.urandom(16))], 1000)
     assert stale(exc.value)
     with pytest.raises(redis.ResponseError) as low:  # a registration at or below the fence: never again
-        r.eval(REGISTER, 6, *keys_of(f"{prefix}/", "a"), "a", a.epoch, "x", 1000)
+        r.eval(REGISTER, 7, *all_keys(f"{prefix}/", "a", 1), "a", a.epoch, "x", 1000, 1)
     assert stale(low.value) and "fence" in str(low.value)
     ident = a.index.publisher.ident
     assert publish_ops(r, f"{prefix}/", "a", ident, [("S", "dram", 1, os.urandom(16))], 1000) > 0  # the live one
