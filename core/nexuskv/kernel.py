@@ -137,15 +137,19 @@ class Kernel(KernelParts):
 
     # ------------------------------------------------------------------------------------------ P/D handoffs
 
-    def handoff(self, request: Request, *, keys: Sequence[bytes] | None = None,
-                blocks: int | None = None) -> dict[str, Any] | None:  # fmt: skip
-        """A sealed grant saying where this node holds the request's first blocks (at most `blocks`), for a peer.
+    def handoff(self, request: Request, *, keys: Sequence[bytes] | None = None, blocks: int | None = None,
+                holder: str | None = None) -> dict[str, Any] | None:  # fmt: skip
+        """A sealed grant saying where `holder` (this node by default) holds the request's first blocks, for a peer.
 
-        A prefill node returns it to the decode node (through a proxy); it names this node, its epoch, its peer
-        address and tiers, and carries no key. None when this node holds none of the request, or serves no peer
-        transport. See `nexuskv.storage.handoff`.
+        A prefill node returns it to the decode node (through a proxy); it names the holder, its epoch, its peer
+        address and tiers, and carries no key. A router whose index follows the fleet (a cluster index) grants
+        the node it routed to what another node holds (`holder=`, the node of the chosen option's first span),
+        so that node needs no fleet view of its own. None when the holder holds none of the request (at most
+        `blocks`), has published no address, or this node serves no peer transport. See
+        `nexuskv.storage.handoff`.
         """
-        return self.handoffs.issue(request, self.keys(request) if keys is None else keys, blocks=blocks)
+        return self.handoffs.issue(request, self.keys(request) if keys is None else keys, blocks=blocks,
+                                   holder=holder)  # fmt: skip
 
     def accept_handoff(self, request: Request, grant: Any, *, keys: Sequence[bytes] | None = None) -> HandoffResult:
         """Take a peer's grant for `request`: checked against this request's own keys, never trusted.

@@ -65,12 +65,14 @@ class Handoffs:
 
     def __init__(self, secret: bytes, node: str, index: Matcher, epoch: Callable[[], int],
                  addresses: Callable[[], Mapping[str, str]], remote: str | None, *, ttl_s: float = 60.0,
-                 max_grants: int = 4096, clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 max_grants: int = 4096, clock: Callable[[], float] = time.time,
+                 peer_address: Callable[[str, str], str | None] | None = None) -> None:  # fmt: skip
         self._key = hashlib.blake2b(secret[:64], digest_size=32, person=b"nexuskv.handoff").digest()
         self.node = node
         self.index = index
         self._epoch = epoch
         self._addresses = addresses  # transport -> address this node serves its tiers on
+        self._peer_address = peer_address  # (node, transport) -> a peer's published address: grants for its state
         self.remote = remote  # the transport that reaches peers (None: this node can neither issue nor accept)
         self.ttl_s = ttl_s
         self.max_grants = max_grants
@@ -95,25 +97,38 @@ class Handoffs:
 
     # ------------------------------------------------------------------------------------------ producer
 
-    def issue(self, request: Request, keys: Sequence[bytes], *, blocks: int | None = None) -> dict[str, Any] | None:
-        """A grant for the longest prefix of `keys` (at most `blocks`) this node holds whole; None when none is.
+    def issue(self, request: Request, keys: Sequence[bytes], *, blocks: int | None = None,
+              holder: str | None = None) -> dict[str, Any] | None:  # fmt: skip
+        """A grant for the longest prefix of `keys` (at most `blocks`) `holder` holds whole; None when none is.
 
-        Engine-resident copies (`RESIDENT_TIER`) are not granted: peers cannot fetch them.
+        `holder` is this node by default. A router that follows the fleet's holdings (a cluster index) grants the
+        node it routed a request to what a third node holds: the holder's epoch as this index knows it, and the
+        address the holder published to the control plane. Engine-resident copies (`RESIDENT_TIER`) are not
+        granted: peers cannot fetch them.
         """
         transport = self.remote
-        address = self._addresses().get(transport) if transport else None
-        if not transport or not address:
+        holder = self.node if holder is None else holder
+        if not transport:
+            return None
+        if holder == self.node:
+            address = self._addresses().get(transport)
+        else:
+            address = self._peer_address(holder, transport) if self._peer_address is not None else None
+        if not address:
             return None
         paged, ckpt = group_masks(request.layout.groups)
         limit = len(keys) if blocks is None else max(0, min(blocks, len(keys)))
         runs: list[list[Any]] = []
+        epoch: int | None = None if holder != self.node else int(self._epoch())
         for b in range(limit):
             h = self.index.get(keys[b])
             best = None
             if h is not None:
                 for loc, mask in h.locations:
-                    if loc.node == self.node and loc.tier != RESIDENT_TIER and mask & paged == paged:
+                    if loc.node == holder and loc.tier != RESIDENT_TIER and mask & paged == paged \
+                            and (epoch is None or holder == self.node or loc.epoch == epoch):  # fmt: skip
                         best = (loc.tier, mask & (paged | ckpt))
+                        epoch = loc.epoch if epoch is None else epoch
                         break
             if best is None:
                 break
@@ -121,13 +136,13 @@ class Handoffs:
                 runs[-1][0] = b + 1
             else:
                 runs.append([b + 1, best[0], best[1]])
-        if not runs:
+        if not runs or epoch is None:
             return None
         n = runs[-1][0]
         if ckpt and not runs[-1][2] & ckpt:  # a checkpointed group's state is needed at the cut: drop the tail
             return None
-        grant: dict[str, Any] = {"v": GRANT_VERSION, "node": self.node, "transport": transport, "address": address,
-                                 "epoch": int(self._epoch()), "runs": runs,
+        grant: dict[str, Any] = {"v": GRANT_VERSION, "node": holder, "transport": transport, "address": address,
+                                 "epoch": epoch, "runs": runs,
                                  "expires": round(self._clock() + self.ttl_s, 3)}  # fmt: skip
         grant["mac"] = self._mac(grant, request, keys[n - 1])
         with self._lock:

@@ -17,7 +17,7 @@ import time
 from multiprocessing.connection import Client
 from typing import Any
 
-from nexuskv import Kernel, KernelConfig, PlanAction, Request
+from nexuskv import Kernel, KernelConfig, NodeState, PlanAction, Request
 
 SECRET = bytes(range(32))
 
@@ -29,7 +29,8 @@ def kernel_config(spec: dict[str, Any]) -> KernelConfig:
         "deadline_ms": spec.get("deadline_ms", 5.0), "load_timeout_ms": spec.get("load_timeout_ms", 2000.0),
         "profile": spec.get("profile"),
         "control_plane": {"name": "etcd", "endpoint": spec["etcd"], "timeout_s": 0.5},
-        "matcher": {"name": "redis", "url": spec["redis"], "poll_s": 0.05, "timeout_s": 0.5},
+        "matcher": {"name": "redis", "url": spec["redis"], "poll_s": 0.05, "timeout_s": 0.5,
+                    **spec.get("matcher", {})},
         "tiers": {"dram": {"store": "dram", "capacity_bytes": "1GiB"}},
         "transports": ["local", "tcp"],
         "transport_options": {"tcp": {"host": spec.get("tcp_host", "127.0.0.1"), "timeout_s": 2.0,
@@ -100,6 +101,23 @@ class Node:
         plan = self.kernel.plan(req, keys=keys)
         return {"action": plan.action.value, "reused": plan.tokens_reused,
                 "spans": [(s.tier, s.node, s.transport) for s in plan.spans], "reasons": list(plan.reasons)}
+
+    def route(self, tokens: list[int], loads: dict[str, int], tenant: str = "t") -> dict[str, Any]:
+        """Route among `loads` (node -> queued prefill tokens); the grant for the chosen node's first peer span."""
+        req = self._request(tokens, tenant, f"r{time.perf_counter_ns()}")
+        keys = self.kernel.keys(req)
+        decision = self.kernel.route(req, [NodeState(node=n, queued_prefill_tokens=q) for n, q in loads.items()],
+                                     keys=keys)  # fmt: skip
+        chosen = next((o for o in decision.options if o.node == decision.node), None)
+        spans = [list(s) for s in chosen.spans] if chosen is not None else []
+        holder = spans[0][3] if spans and spans[0][0] == 0 else None
+        grant = self.kernel.handoff(req, keys=keys, holder=holder) if holder and holder != decision.node else None
+        return {"node": decision.node, "spans": spans, "grant": grant, "reasons": list(decision.reasons)}
+
+    def accept(self, tokens: list[int], grant: Any, tenant: str = "t") -> dict[str, Any]:
+        """Take a grant for this prompt."""
+        got = self.kernel.accept_handoff(self._request(tokens, tenant, f"a{time.perf_counter_ns()}"), grant)
+        return {"blocks": got.blocks, "node": got.node, "reason": got.reason}
 
     def flush(self) -> bool:
         """Wait for the writer."""

@@ -167,3 +167,30 @@ def test_a_shaped_link_flips_the_decision_to_recompute_and_back():
     assert "recompute" in result["phases"]["slowed"]
     assert result["phases"]["recovered"][-1] == "load"
     assert result["links"]["peer:far"]["samples"] >= 3
+
+
+def test_a_router_grants_the_chosen_node_a_third_nodes_state_and_that_node_follows_no_one():
+    """The fleet design: nodes hold their own, a router holds the fleet (sharded streams) and grants what it routes."""
+    with Cluster((), lease_ttl_s=TTL) as c:
+        c.start_node("a", matcher={"shards": 4, "follow": "none"})
+        c.start_node("b", matcher={"shards": 4, "follow": "none"})  # nodes hold only their own, follow no peer
+        c.start_node("r", matcher={"shards": 4})  # the router: follows every shard of every node
+        prompt = tokens(11)
+        warm(c, "a", prompt)
+        assert c.call("b", "plan", tokens=prompt)["action"] == "recompute"  # b knows nothing of a's state
+        assert c.wait_until(lambda: c.call("r", "stats")["blocks"].get("dram@a", 0) >= 40, 10) is not None
+        assert c.call("a", "stats")["blocks"] == {"dram@a": 40}  # a holds no entry of any peer
+
+        got = c.call("r", "route", tokens=prompt, loads={"a": 200_000, "b": 0})  # a is busy: b should run it
+        assert got["node"] == "b" and got["spans"][0][3] == "a", got
+        grant = got["grant"]
+        assert grant is not None and grant["node"] == "a" and grant["runs"][-1][0] == 40
+
+        forged = {**grant, "epoch": grant["epoch"] + 1}  # a grant changed on its way is refused
+        assert "MAC does not check" in c.call("b", "accept", tokens=prompt, grant=forged)["reason"]
+        other = c.call("b", "accept", tokens=tokens(12), grant=grant)  # the grant is for this prompt only
+        assert other["blocks"] == 0 and "MAC does not check" in other["reason"]
+
+        assert c.call("b", "accept", tokens=prompt, grant=grant) == {"blocks": 40, "node": "a", "reason": ""}
+        served = c.call("b", "serve", tokens=prompt)
+        assert served["action"] == "materialize" and peers_in(served) == {"a"} and served["reused"] == 640, served
