@@ -136,10 +136,14 @@ def main() -> None:
           f"follows {nodes - 1} peers: {(nodes - 1) * per_node_blocks:,.0f} blocks/s in "
           f"{(nodes - 1) * per_node_events:,.0f} events/s per node, "
           f"{(nodes - 1) * per_node_blocks / follow_s:.1f}x one follower's measured rate")  # fmt: skip
-    print(f"  sharded ({shards} shards by key, held by routers; nodes hold their own): "
+    print(f"  as built (nodes follow none, `follow = \"none\"`; a router follows every shard of every node): "
+          f"{blocks * m / 1e6:,.0f} MB and no follow traffic per node; the router {total * m / 1e9:,.1f} GB, "
+          f"following {nodes * per_node_blocks:,.0f} blocks/s ({nodes * per_node_blocks / follow16:.1f}x one "
+          f"process's measured 16-shard rate)")  # fmt: skip
+    print(f"  designed, not built ({shards} shards by segment anchor, each router holds some): "
           f"{total * m / shards / 1e9:,.2f} GB per shard, {blocks * m / 1e6:,.0f} MB per node; a shard follows "
-          f"{nodes * per_node_blocks / shards:,.0f} blocks/s ({nodes * per_node_blocks / shards / follow_s:.2f}x "
-          f"the measured rate)")  # fmt: skip
+          f"{nodes * per_node_blocks / shards:,.0f} blocks/s ({nodes * per_node_blocks / shards / follow16:.2f}x "
+          f"the measured 16-shard rate)")  # fmt: skip
     print(f"  recovering a lost shard ({total // shards:,} blocks) at the measured resync rates: "
           f"{total / shards / resync_s:,.0f} s read as one stream, {total / shards / resync16:,.0f} s read "
           f"16 at once by one process (measured), {total / shards / resync_s / 16:,.1f} s if 16 readers on "

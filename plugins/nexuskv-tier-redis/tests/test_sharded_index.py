@@ -199,3 +199,18 @@ def test_bad_shard_options_are_refused_with_what_is_allowed(redis_server, option
     with pytest.raises(PluginError, match=message):
         Kernel(KernelConfig.from_mapping({"matcher": {"name": "redis", "url": redis_server.url, **options}}),
                secret=bytes(32))  # fmt: skip
+
+
+def test_the_readmes_matcher_examples_are_valid_options(redis_server):
+    import re
+    import tomllib
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", readme, re.S)]
+    matchers = [b["matcher"] for b in blocks if "matcher" in b]
+    assert len(matchers) >= 2 and any(m.get("follow") == "none" for m in matchers)
+    for m in matchers:
+        index = ClusterIndex(**{k: v for k, v in m.items() if k != "name"} | {"url": redis_server.url})
+        assert index.shards == m.get("shards", 1)
+        index.close()
