@@ -13,7 +13,9 @@ does not share this process's GIL; without rustc, a Python caller (`bench/_sidec
    baseline: what the HTTP layer adds).
 2. Throughput: 4 connections planning flat out for 3 passes of 1,500 plans each; plans/s = answered plans / wall
    time, median over passes. Then, for scale only (no goal), one pass each with 1,024- and 256-token requests
-   (their blocks held too), and where a 4k plan's time goes inside the server (parse and check vs plan).
+   (their blocks held too), and where a 4k plan's time goes inside the server (parse and check vs plan). Per
+   configuration, one more throughput pass beside a process that burns one core (no goal: what load from
+   another process on this 2-core machine costs; the goals are read on the quiet passes).
 5. Isolation: while another tenant (its own token, another process) sends 50 MB plan bodies flat out on two
    connections, one connection of this tenant plans the 4k request 2,000 times: its p99 under abuse, beside the
    same pass without abuse, and what the abuser got (every answer counted by status). After three refusals in ten
@@ -28,6 +30,7 @@ as plans per second.
 from __future__ import annotations
 
 import array
+import contextlib
 import io
 import json
 import os
@@ -38,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +147,18 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@contextlib.contextmanager
+def burning_a_core() -> Iterator[None]:
+    """A process that burns one core (and sends nothing) while the block runs: what load from elsewhere does."""
+    spin = subprocess.Popen([sys.executable, "-c", "import sys, threading\n"
+                             "threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\n"
+                             "sys.stdin.read()"], stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        yield
+    finally:
+        spin.communicate(b"", timeout=60)
+
+
 def measure(client: list[str], sc: Sidecar, body: str, encoding: str, k: Kernel, req: Request,
             base: list[float]) -> dict[str, float]:  # fmt: skip
     """Latency on one connection and plans/s on `CONNECTIONS`, `PASSES` passes each, against the sidecar `sc`.
@@ -176,7 +192,12 @@ def measure(client: list[str], sc: Sidecar, body: str, encoding: str, k: Kernel,
               f"kernel fail-open {got['server_fail_open']:.0f}, client fail-open {got['fail_open']:.0f}; CPU ms per "
               f"plan, {'kernel process + workers' if len(used) > 1 else 'the one process'}: {where} = "
               f"{sum(used):.3f}")  # fmt: skip
-    return {"p99": statistics.median(p99s), "rate": statistics.median(rates), "dropped": dropped}
+    with burning_a_core():  # not a goal: what another process's load on this 2-core machine costs
+        busy = load(client, url, body, CONNECTIONS, THROUGHPUT, encoding)
+    print(f"  beside a process burning one core: {busy['plans_per_s']:.0f} plans/s (p99 {busy['p99_ms']:.3f} ms); "
+          f"kernel fail-open {busy['server_fail_open']:.0f}, client fail-open {busy['fail_open']:.0f}")  # fmt: skip
+    return {"p99": statistics.median(p99s), "rate": statistics.median(rates), "dropped": dropped,
+            "busy": busy["plans_per_s"]}  # fmt: skip
 
 
 def parse_binary(body: bytes, ints: bool = True) -> Any:
@@ -248,7 +269,8 @@ def main() -> None:
         for (workers, encoding), f in figures.items():
             mark = "  <- the goals' configuration" if (workers, encoding) == GOAL_CONFIG else ""
             print(f"  {workers} worker{'s' if workers > 1 else ' '} {encoding:6s}  p99 {f['p99']:.3f}  "
-                  f"plans/s {f['rate']:.0f}  fail-opens {f['dropped']:.0f}{mark}")  # fmt: skip
+                  f"plans/s {f['rate']:.0f} ({f['busy']:.0f} beside a burning core)  fail-opens "
+                  f"{f['dropped']:.0f}{mark}")  # fmt: skip
         sc = Sidecar(SidecarConfig(port=0, tokens=tokens), kernel=k)
         sc.start()
         try:
@@ -289,13 +311,8 @@ def main() -> None:
             print(f"  the abuser's answers: {got_abuser or 'none'}")
             victim = abused["p99_ms"]
             wide, got_wide = abuse(client, sc.url, str(body), host, port, 3 * sc.config.oversize_holds_per_token)
-            spin = subprocess.Popen([sys.executable, "-c", "import sys, threading\n"
-                                     "threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\n"
-                                     "sys.stdin.read()"], stdin=subprocess.PIPE)  # fmt: skip
-            try:  # the control: the same pass beside a process that only burns one core (no request at all)
+            with burning_a_core():  # the control: the same pass beside a process that only burns one core
                 busy = load(client, sc.url, str(body), 1, VICTIM)
-            finally:
-                spin.communicate(b"", timeout=60)
             print(f"  without abuse: p50 {quiet['p50_ms']:.3f} p99 {quiet['p99_ms']:.3f} ms; under abuse: p50 "
                   f"{abused['p50_ms']:.3f} p99 {victim:.3f} ms ({victim / quiet['p99_ms']:.2f}x); kernel fail-open "
                   f"{abused['server_fail_open']:.0f}, client fail-open {abused['fail_open']:.0f}")  # fmt: skip
