@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +32,8 @@ log = get_logger("nexuskv_sidecar")
 _RESTARTS = 10  # restarts of dead workers per minute, all workers together, before restarts back off
 _SEND_TIMEOUT_S = 10.0  # a worker that takes no answer for this long is ended (and started again)
 _GRACE_S = 7.0  # SIGTERM to kill: the workers' server finishes requests in flight for up to 5 s
+_STOP_SIGNALS = frozenset({-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP})  # exit statuses of a stop signal
+_STOP_WAIT_S = 2.0  # a worker stopped by such a signal: how long the sidecar waits to be stopped too
 
 
 class _Worker:
@@ -105,6 +108,8 @@ class Workers:
         except subprocess.TimeoutExpired:
             worker.proc.kill()
             status = worker.proc.wait()
+        if status in _STOP_SIGNALS and self._closing.wait(_STOP_WAIT_S):
+            return  # a stop signal to the whole process group (Ctrl-C, a service manager): no successor
         while not self._closing.is_set():
             with self._lock:
                 now = time.monotonic()

@@ -249,6 +249,29 @@ def test_a_killed_worker_is_started_again_and_plans_go_on(kernel):
     assert all(p.poll() is not None for p in procs)  # every worker, the killed one's successor too, has stopped
 
 
+def test_a_stop_signal_to_the_whole_process_group_starts_no_successor(kernel):
+    cfg = SidecarConfig(port=0, tokens={digest(TOKENS["chat"]): "chat"}, workers=2)
+    with Sidecar(cfg, kernel=kernel) as sc:
+        before = sc.workers.pids
+        for pid in before:  # what Ctrl-C or a service manager's SIGTERM to the group does to the workers first
+            os.kill(pid, signal.SIGTERM)
+        for w in sc.workers.workers:
+            w.proc.wait(10)
+        # the sidecar is stopped (here: leaving the block) while the workers' threads wait to see it stop
+    assert [w.proc.pid for w in sc.workers.workers] == before  # no successor was started during the shutdown
+
+
+def test_a_worker_stopped_by_a_signal_alone_is_started_again(kernel):
+    cfg = SidecarConfig(port=0, tokens={digest(TOKENS["chat"]): "chat"}, workers=2)
+    with Sidecar(cfg, kernel=kernel) as sc:
+        before = sc.workers.pids
+        os.kill(before[0], signal.SIGTERM)  # the sidecar itself was not stopped: after a short wait, a successor
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (len(sc.workers.pids) == 2 and before[0] not in sc.workers.pids):
+            time.sleep(0.05)
+        assert len(sc.workers.pids) == 2 and before[0] not in sc.workers.pids
+
+
 def test_a_worker_whose_kernel_process_is_silent_fails_open_and_ends_when_it_is_gone():
     """This test plays the kernel's process: it answers nothing, then hangs up."""
     listener = socket.socket()
