@@ -258,6 +258,14 @@ class DecisionLog:
                 self._subs = tuple(s for s in self._subs if s is not sub)
                 self.subscriber_drops_closed += sub.drops
 
+    def count_drops(self, n: int) -> None:
+        """Count `n` records dropped downstream of a subscription in `subscriber_drops`.
+
+        A forwarder's full stream (a sidecar worker's) drops records the log handed over: they count here too.
+        """
+        with self._lock:
+            self.subscriber_drops_closed += n
+
     @property
     def subscriber_drops(self) -> int:
         """Records dropped because a subscriber's stream was full (closed subscriptions' included)."""

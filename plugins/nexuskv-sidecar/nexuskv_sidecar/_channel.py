@@ -7,6 +7,8 @@ spawn (an inherited descriptor: no path, no port, nothing another process or use
 same sidecar, ever write to it.
 
 Worker -> kernel: `(call_id, op, args, expires)`, unpickled by a loader that makes contract objects only.
+Worker -> kernel, no answer: `(stream_id, "dropped", (n,), None)`, records its full stream dropped (counted in
+`nexuskv_decision_subscriber_drops_total`).
 Kernel -> worker: `(call_id, "ok", value)`, `(call_id, "err", (status, detail, problems))`, and for a decision
 stream `(stream_id, "rec", record)` and `(stream_id, "end", None)`. Plans and routes of requests up to 16k tokens
 are answered on the channel's reader thread in the kernel's process (CPU-bound and bounded by their deadline);
@@ -231,6 +233,9 @@ def serve_channel(channel: Channel, backend: KernelBackend, pool: concurrent.fut
                 on_ready(args)
             elif op == "subscribe":
                 _subscribe(channel, backend, streams, call_id, *args)
+            elif op == "dropped":  # records a worker's full stream dropped: counted with the kernel's own
+                if isinstance(args[0], int) and 0 < args[0] <= 1 << 32:
+                    backend.decision_log.count_drops(args[0])
             elif op == "unsubscribe":
                 sub = streams.pop(call_id, None)
                 if sub is not None:

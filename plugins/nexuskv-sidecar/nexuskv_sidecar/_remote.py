@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import pickle
 import queue
@@ -198,8 +199,23 @@ class RemoteBackend:
 
     def unsubscribe(self, stream_id: int) -> None:
         """Stop a decision subscription (call on the loop)."""
-        if self._streams.pop(stream_id, None) is not None and not self.gone.is_set():
+        sub = self._streams.pop(stream_id, None)
+        if sub is not None and not self.gone.is_set():
+            self._send_drops(sub)
             self._send((stream_id, "unsubscribe", (), None))
+
+    def _dropped(self, sub: _RemoteSubscription) -> None:
+        """A record was dropped at this worker: the kernel's process counts it within a second (on the loop)."""
+        if not sub.drops_pending_sent and self._loop is not None:
+            sub.drops_pending_sent = True
+            self._loop.call_later(1.0, self._send_drops, sub)
+
+    def _send_drops(self, sub: _RemoteSubscription) -> None:
+        sub.drops_pending_sent = False
+        n, sub.drops_unsent = sub.drops_unsent, 0
+        if n and not self.gone.is_set():
+            with contextlib.suppress(ApiError):  # the kernel's process is gone: nothing counts any more
+                self._send((sub.stream_id, "dropped", (n,), None))
 
 
 class _Reader(asyncio.Protocol):
@@ -253,10 +269,14 @@ class _RemoteSubscription:
         self._items: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.closed = False
         self.drops = 0
+        self.drops_unsent = 0  # not yet counted in the kernel's process
+        self.drops_pending_sent = False
 
     def offer(self, record: dict[str, Any]) -> None:
         if self._items.qsize() >= _STREAM_KEPT:
             self.drops += 1
+            self.drops_unsent += 1
+            self.backend._dropped(self)
         else:
             self._items.put(record)
 

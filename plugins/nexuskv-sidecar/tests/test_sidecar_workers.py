@@ -229,6 +229,47 @@ def test_an_answer_too_large_for_the_channel_fails_that_call_only(kernel, monkey
     assert chan.recv() == (2, "ok", {"ok": True, "node": "n1", "control_ok": True})
 
 
+def test_records_a_worker_drops_count_in_the_kernels_subscriber_drops(kernel):
+    (chan,) = served_channels(kernel, 1)
+    before = kernel.decision_log.subscriber_drops
+    chan.send((9, "dropped", (7,), None))
+    chan.send((9, "dropped", (-3,), None))  # not a count: ignored
+    chan.send((3, "healthz", (), None))  # answered after both: they were handled in order
+    assert chan.recv()[:2] == (3, "ok")
+    assert kernel.decision_log.subscriber_drops == before + 7
+
+
+def test_a_workers_full_stream_tells_the_kernels_process_what_it_dropped():
+    import asyncio
+
+    from nexuskv_sidecar._channel import take_frame
+    from nexuskv_sidecar._remote import _STREAM_KEPT, RemoteBackend
+
+    ours, theirs = socket.socketpair()
+
+    async def scenario() -> list:
+        backend = RemoteBackend("n1", 100.0)
+        await backend.connect(theirs)
+        sub = backend.decision_log.subscribe()
+        for i in range(_STREAM_KEPT + 25):  # nobody reads the stream: the last 25 do not fit
+            backend._arrived(sub.stream_id, "rec", {"decision_id": str(i)})
+        await asyncio.sleep(1.5)  # the drops are sent within a second
+        sub.close()
+        await asyncio.sleep(0.1)
+        return [sub.drops]
+
+    (drops,) = asyncio.run(scenario())
+    ours.settimeout(5)
+    buf, frames = bytearray(), []
+    while not any(f[1] == "unsubscribe" for f in frames):
+        buf += ours.recv(1 << 16)
+        while (data := take_frame(buf)) is not None:
+            frames.append(pickle.loads(data))
+    assert drops == 25
+    assert [f[2] for f in frames if f[1] == "dropped"] == [(25,)]  # sent once, with the whole count
+    ours.close()
+
+
 def test_a_killed_worker_is_started_again_and_plans_go_on(kernel):
     cfg = SidecarConfig(port=0, tokens={digest(TOKENS["chat"]): "chat"}, workers=2)
     req = make_request(range(64))
