@@ -133,7 +133,7 @@ class KernelParts:
         self.router = Router(self.reads, self.cost, self.membership, cfg)
         self.handoffs = Handoffs(secret, self.node, self.index, lambda: self.membership.epoch,
                                  lambda: self.hierarchy.addresses, self.hierarchy.remote,
-                                 ttl_s=cfg.handoff_ttl_s, peer_address=self._published_address)  # fmt: skip
+                                 ttl_s=cfg.handoff_ttl_s, peer=self._published_peer)  # fmt: skip
         self.hierarchy.directory = self.handoffs.address
         self.policy_ops.start(self.node, self.planner, self.decision_log, self.control)
         self.metrics = Metrics.start(self)  # kernel.metrics: the registry, status(), the HTTP port when configured
@@ -147,10 +147,15 @@ class KernelParts:
                 log.warning("serving tiers on a loopback address: peers on other machines cannot reach it "
                             "(set transport_options.<name>.host or advertise)", addresses=loopback)  # fmt: skip
 
-    def _published_address(self, node: str, transport: str) -> str | None:
-        """Where peer `node` serves its tiers on `transport`, as it published to the control plane (None: unknown)."""
+    def _published_peer(self, node: str, transport: str) -> tuple[str, int] | None:
+        """Where peer `node` serves its tiers on `transport` and its live epoch, from the control plane's view."""
         address = ((self.membership.peer_status(node) or {}).get("addresses") or {}).get(transport)
-        return address if isinstance(address, str) else None
+        view = getattr(self.membership.plane, "view", None)
+        try:
+            epoch = view.members().get(node) if view is not None else None
+        except Exception:  # the control plane's view is away: no grant for another node's state
+            return None
+        return (address, epoch) if isinstance(address, str) and isinstance(epoch, int) else None
 
     def _abandon(self) -> None:
         """Close what a failed start had built, in reverse (errors ignored: the start's own error is raised)."""

@@ -321,29 +321,36 @@ def test_a_replayed_older_grant_does_not_redirect_fetches_to_its_address(pd):
     assert cons.address("n-p", "tcp") == "10.0.0.5:40777"
 
 
-def test_a_router_grants_what_a_third_node_holds_under_that_nodes_epoch_and_address():
+def test_a_router_grants_what_a_third_node_holds_under_that_nodes_live_epoch_and_address():
     """A router's index follows the fleet: it grants the node it routed to the holder's prefix, never more."""
-    published = {("n-p", "tcp"): "10.0.0.7:7000"}
+    published = {("n-p", "tcp"): ("10.0.0.7:7000", 7)}  # the control plane's view: address and live epoch
     fleet = DictIndex()
     router = Handoffs(SECRET, "n-r", fleet, lambda: 1, lambda: {"tcp": "10.0.0.1:7000"}, "tcp",
-                      peer_address=lambda node, transport: published.get((node, transport)))  # fmt: skip
+                      peer=lambda node, transport: published.get((node, transport)))  # fmt: skip
     consumer = Handoffs(SECRET, "n-d", DictIndex(), lambda: 1, lambda: {}, "tcp")
     req = make_request(range(16 * 8))
     keys = [bytes([9, b]) * 8 for b in range(8)]
+    fleet.insert(keys[0], Location("dram", "n-p", 6), 1)  # block 0 of the holder's older registration, listed first
     for b in range(5):
         fleet.insert(keys[b], Location("dram", "n-p", 7), 1)
-    fleet.insert(keys[5], Location("dram", "n-p", 6), 1)  # an entry of the holder's older registration
+    fleet.insert(keys[5], Location("dram", "n-p", 6), 1)  # only the older registration holds block 5
     for b in range(5, 8):
         fleet.insert(keys[b], Location("dram", "n-q", 3), 1)
+    assert fleet.get(keys[0]).locations[0][0].epoch == 6  # the older entry comes first: the grant must skip it
     grant = router.issue(req, keys, holder="n-p")
     assert grant is not None and (grant["node"], grant["epoch"], grant["address"]) == ("n-p", 7, "10.0.0.7:7000")
-    assert grant["runs"] == [[5, "dram", 1]]  # one epoch only: the older entry is not granted
-    assert router.issue(req, keys, holder="n-q") is None  # n-q holds no prefix from block 0
-    assert router.issue(req, keys, holder="n-x") is None  # holds nothing, and has published no address
-    del published[("n-p", "tcp")]
-    assert router.issue(req, keys, holder="n-p") is None  # no published address: nothing to fetch from
+    assert grant["runs"] == [[5, "dram", 1]]  # the live epoch's entries only
+    published[("n-q", "tcp")] = ("10.0.0.8:7000", 3)
+    assert router.issue(req, keys, holder="n-q") is None  # n-q is known but holds no prefix from block 0
+    published[("n-x", "tcp")] = ("10.0.0.9:7000", 1)
+    assert router.issue(req, keys, holder="n-x") is None  # n-x is known and holds nothing
+    published[("n-p", "tcp")] = ("10.0.0.7:7000", 8)
+    assert router.issue(req, keys, holder="n-p") is None  # n-p registered again: the entries of 7 are not granted
+    published[("n-p", "tcp")] = ("10.0.0.7:7000", 7)
     got = consumer.accept(req, grant, keys)
     assert got == HandoffResult(5, "n-p", "") and consumer.index.get(keys[4]).at(Location("dram", "n-p", 7)) == 1
     assert consumer.address("n-p", "tcp") == "10.0.0.7:7000"
-    no_directory = Handoffs(SECRET, "n-r", fleet, lambda: 1, lambda: {"tcp": "x"}, "tcp")
-    assert no_directory.issue(req, keys, holder="n-p") is None  # a node that cannot learn addresses grants none
+    del published[("n-p", "tcp")]
+    assert router.issue(req, keys, holder="n-p") is None  # unknown to the control plane: nothing to fetch from
+    no_view = Handoffs(SECRET, "n-r", fleet, lambda: 1, lambda: {"tcp": "x"}, "tcp")
+    assert no_view.issue(req, keys, holder="n-p") is None  # a node that cannot learn peers grants none

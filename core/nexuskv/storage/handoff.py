@@ -66,13 +66,13 @@ class Handoffs:
     def __init__(self, secret: bytes, node: str, index: Matcher, epoch: Callable[[], int],
                  addresses: Callable[[], Mapping[str, str]], remote: str | None, *, ttl_s: float = 60.0,
                  max_grants: int = 4096, clock: Callable[[], float] = time.time,
-                 peer_address: Callable[[str, str], str | None] | None = None) -> None:  # fmt: skip
+                 peer: Callable[[str, str], tuple[str, int] | None] | None = None) -> None:  # fmt: skip
         self._key = hashlib.blake2b(secret[:64], digest_size=32, person=b"nexuskv.handoff").digest()
         self.node = node
         self.index = index
         self._epoch = epoch
         self._addresses = addresses  # transport -> address this node serves its tiers on
-        self._peer_address = peer_address  # (node, transport) -> a peer's published address: grants for its state
+        self._peer = peer  # (node, transport) -> a peer's published address and live epoch: grants for its state
         self.remote = remote  # the transport that reaches peers (None: this node can neither issue nor accept)
         self.ttl_s = ttl_s
         self.max_grants = max_grants
@@ -102,33 +102,34 @@ class Handoffs:
         """A grant for the longest prefix of `keys` (at most `blocks`) `holder` holds whole; None when none is.
 
         `holder` is this node by default. A router that follows the fleet's holdings (a cluster index) grants the
-        node it routed a request to what a third node holds: the holder's epoch as this index knows it, and the
-        address the holder published to the control plane. Engine-resident copies (`RESIDENT_TIER`) are not
-        granted: peers cannot fetch them.
+        node it routed a request to what a third node holds: the entries of the holder's live epoch and the
+        address it published, both from the control plane (entries of an older registration are not granted).
+        Engine-resident copies (`RESIDENT_TIER`) are not granted: peers cannot fetch them.
         """
         transport = self.remote
         holder = self.node if holder is None else holder
         if not transport:
             return None
         if holder == self.node:
-            address = self._addresses().get(transport)
+            address, epoch = self._addresses().get(transport), int(self._epoch())
         else:
-            address = self._peer_address(holder, transport) if self._peer_address is not None else None
+            peer = self._peer(holder, transport) if self._peer is not None else None
+            if peer is None:
+                return None
+            address, epoch = peer
         if not address:
             return None
         paged, ckpt = group_masks(request.layout.groups)
         limit = len(keys) if blocks is None else max(0, min(blocks, len(keys)))
         runs: list[list[Any]] = []
-        epoch: int | None = None if holder != self.node else int(self._epoch())
         for b in range(limit):
             h = self.index.get(keys[b])
             best = None
             if h is not None:
                 for loc, mask in h.locations:
                     if loc.node == holder and loc.tier != RESIDENT_TIER and mask & paged == paged \
-                            and (epoch is None or holder == self.node or loc.epoch == epoch):  # fmt: skip
+                            and (holder == self.node or loc.epoch == epoch):  # fmt: skip
                         best = (loc.tier, mask & (paged | ckpt))
-                        epoch = loc.epoch if epoch is None else epoch
                         break
             if best is None:
                 break
@@ -136,7 +137,7 @@ class Handoffs:
                 runs[-1][0] = b + 1
             else:
                 runs.append([b + 1, best[0], best[1]])
-        if not runs or epoch is None:
+        if not runs:
             return None
         n = runs[-1][0]
         if ckpt and not runs[-1][2] & ckpt:  # a checkpointed group's state is needed at the cut: drop the tail

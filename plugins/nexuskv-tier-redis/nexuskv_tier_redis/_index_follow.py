@@ -42,7 +42,9 @@ class Follower:
         self.shards = shards
         self.follow = tuple(sorted(set(follow))) if follow is not None else tuple(range(shards))
         self.peers: dict[str, tuple[str, dict[int, int]]] = {}  # node -> (ident followed, shard -> last event)
-        self.stats = {"resyncs": 0, "shard_resyncs": 0, "gaps": 0, "events": 0, "dropped_peers": 0, "errors": 0}
+        self.stats = {"resyncs": 0, "shard_resyncs": 0, "gaps": 0, "events": 0, "dropped_peers": 0, "errors": 0,
+                      "wrong_shards": 0, "misplaced_keys": 0}  # fmt: skip
+        self._wrong_shards = ""  # the deployment's other shard count, while it differs from this process's
         self.synced = threading.Event()  # set after the first complete pass
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, min(resync_threads, len(self.follow))),
                                                            thread_name_prefix=f"nexuskv-index-resync-{node}")
@@ -88,7 +90,30 @@ class Follower:
             out[n] = ident
         return out
 
+    def _deployment_agrees(self) -> bool:
+        """Whether the deployment's shard count (`idx:shards`, when set) is this process's; if not, follow no one.
+
+        A follower of another count would read shards under the wrong split: part of every peer's holding, and
+        resyncs that keep what they should remove. It drops every peer and waits until the counts agree.
+        """
+        raw = self.client.get(node_keys(self.prefix, self.node)[3])
+        theirs = raw.decode() if raw is not None else str(self.shards)
+        if theirs == str(self.shards):
+            self._wrong_shards = ""
+            return True
+        if theirs != self._wrong_shards:
+            self._wrong_shards = theirs
+            self.stats["wrong_shards"] += 1
+            log.error("index follow stopped: the deployment's shard count differs from this process's", node=self.node,
+                      deployment=theirs, configured=self.shards)  # fmt: skip
+        for n in list(self.peers):
+            self._drop(n, "the deployment's shard count differs from this process's")
+        return False
+
     def _pass(self) -> None:
+        if not self._deployment_agrees():
+            self._stop.wait(self.poll_ms / 1e3)
+            return
         live = self._live()
         for n in [n for n in self.peers if n not in live]:
             self._drop(n, "lease ended")
@@ -121,15 +146,24 @@ class Follower:
                 log.info("index stream gap; resync of the shard", peer=n, shard=s, expected=last + 1, got=seq)
                 self._resync(n, s)
                 return
-            self._ops(n, epoch, ops_of(fields))
+            self._ops(n, s, epoch, ops_of(fields))
             last = seq
             self.stats["events"] += 1
         seqs[s] = last
 
-    def _ops(self, n: str, epoch: int, ops: Iterable[Op]) -> None:
+    def _in_shard(self, keys: list[bytes], s: int) -> list[bytes]:
+        """`keys` that belong in shard `s`; the others (a writer of the shared Redis put them there) are counted."""
+        if self.shards == 1:
+            return keys
+        mine = [k for k in keys if shard_of(k, self.shards) == s]
+        if len(mine) != len(keys):
+            self.stats["misplaced_keys"] += len(keys) - len(mine)
+        return mine
+
+    def _ops(self, n: str, s: int, epoch: int, ops: Iterable[Op]) -> None:
         for kind, tier, mask, blob in ops:
             loc = Location(tier, n, epoch)
-            keys = [blob[i : i + KEY_LEN] for i in range(0, len(blob), KEY_LEN)]
+            keys = self._in_shard([blob[i : i + KEY_LEN] for i in range(0, len(blob), KEY_LEN)], s)
             if kind == "S":
                 self.local.insert_many(keys, loc, mask)
             else:
@@ -172,9 +206,9 @@ class Follower:
             self.local.drop_node(n)
         else:
             self._forget(n, shard)
-        for grouped, _ in held:
+        for (grouped, _), s in zip(held, which, strict=True):
             for (tier, mask), keys in grouped.items():
-                self.local.insert_many(keys, Location(tier, n, epoch), mask)
+                self.local.insert_many(self._in_shard(keys, s), Location(tier, n, epoch), mask)
         seqs = dict(known[1]) if shard is not None else {}
         seqs.update({s: int(raw or 0) for s, raw in zip(which, seq_raw, strict=True)})
         self.peers[n] = (ident, seqs)

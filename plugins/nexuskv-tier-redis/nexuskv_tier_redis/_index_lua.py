@@ -7,8 +7,9 @@ block key (`shard_of`; S = 1 by default). Keys, for node N under prefix P:
 - `P idx:alive:N` = ident, expiring with the node's lease (renewed from its heartbeat);
 - `P idx:fence:N` = the highest epoch ever registered for N (never expires: a stale writer stays refused);
 - `P idx:nodes`   = set of every node that ever registered;
-- `P idx:shards`  = the deployment's shard count S, set by the first registration (a node configured with
-  another count is refused: its keys would land in shards nobody follows);
+- `P idx:shards`  = the deployment's shard count S, set by the first registration and kept while any node's
+  lease lives (every renewal extends it to at least that lease): a node configured with another count is
+  refused (its keys would land in shards nobody follows) until every node of the old count is gone;
 - per shard s (the names without `#s` when S = 1, as before shards existed):
   - `P idx:held:N#s`   = hash: field key(16 bytes) + tier name -> group mask; what N holds now in shard s;
   - `P idx:seq:N#s`    = the number of N's last event in shard s;
@@ -65,7 +66,9 @@ local shards = redis.call('GET', KEYS[4])
 if shards and shards ~= ARGV[5] then
   return redis.error_reply('SHARDS this deployment has ' .. shards .. ' shards, this node ' .. ARGV[5])
 end
-redis.call('SET', KEYS[4], ARGV[5])
+if not shards or redis.call('PTTL', KEYS[4]) < tonumber(ARGV[4]) then
+  redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[4])
+end
 redis.call('SET', KEYS[2], ARGV[2])
 local ident = ARGV[2] .. ':' .. ARGV[3]
 redis.call('SET', KEYS[1], ident, 'PX', ARGV[4])
@@ -93,10 +96,18 @@ end
 return ident
 """
 
-# KEYS: all_keys. ARGV: ident, ttl_ms. Extends the node's keys while its ident is the live one.
+# KEYS: all_keys. ARGV: ident, ttl_ms, shards. Extends the node's keys while its ident is the live one, and the
+# deployment's shard count to at least this lease.
 RENEW = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('STALE ident ' .. ARGV[1] .. ' is not the live registration')
+end
+local shards = redis.call('GET', KEYS[4])
+if shards and shards ~= ARGV[3] then
+  return redis.error_reply('SHARDS this deployment has ' .. shards .. ' shards, this node ' .. ARGV[3])
+end
+if not shards or redis.call('PTTL', KEYS[4]) < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[2])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 for i = 5, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end

@@ -27,6 +27,7 @@ log = get_logger("nexuskv_tier_redis.index")
 
 KEY_LEN = 16  # block keys are 16 bytes
 Op = tuple[str, str, int, bytes]  # (S or R, tier, group mask, concatenated keys)
+_SHARDS_RETRY_S = 10.0  # a node refused for its shard count registers again this often (its changes are dropped)
 
 
 def publish_ops(client: redis.Redis, prefix: str, node: str, ident: str, ops: Iterable[Op], ttl_ms: int,
@@ -80,6 +81,7 @@ class Publisher:
         self._ttl_s = 0.0
         self.ident = ""  # the live registration, "" when there is none
         self._fenced_epoch = -1  # an epoch the server refused: wait for a new one
+        self._shards_refused_at = -1e9  # when the deployment last refused this node's shard count
         self._registering = 0  # the epoch of the registration being attempted
         self._asked_at = -1e9
         self._reset = False  # a write's outcome is unknown: start the registration over and publish all again
@@ -123,9 +125,10 @@ class Publisher:
         if isinstance(exc, redis.ResponseError) and str(exc).startswith("SHARDS"):  # configuration: no retry helps
             self.stats["refused_shards"] += 1
             log.error("index registration refused: this node's shard count differs from the deployment's; nothing "
-                      "of this node is published until they agree", node=self.node, error=str(exc))  # fmt: skip
+                      "of this node is published until they agree (tried again every "
+                      f"{_SHARDS_RETRY_S:g} s)", node=self.node, error=str(exc))  # fmt: skip
             self.ident = ""
-            self._stop.wait(1.0)
+            self._shards_refused_at = time.monotonic()
         elif stale(exc) and "STALE epoch" in str(exc):  # registering: this epoch is fenced out for good
             self.stats["refused_stale"] += 1
             self._fenced_epoch = self._registering
@@ -151,6 +154,9 @@ class Publisher:
             self.on_fenced()
 
     def _step(self) -> None:
+        if time.monotonic() - self._shards_refused_at < _SHARDS_RETRY_S:
+            self._take()  # refused for its shard count: nothing is kept for a registration that may never come
+            return
         if self.epoch == self._fenced_epoch:
             self._ask_for_epoch()  # the request may have been lost with a failed join
         if self.epoch <= 0 or self.epoch == self._fenced_epoch or self._ttl_ms() <= 0:
@@ -168,7 +174,7 @@ class Publisher:
     def _renew(self) -> None:
         if self._renew_due and self._ttl_ms() > 0:
             self._renew_due = False
-            self.client.eval(RENEW, len(self._keys), *self._keys, self.ident, self._ttl_ms())
+            self.client.eval(RENEW, len(self._keys), *self._keys, self.ident, self._ttl_ms(), self.shards)
 
     def _register(self) -> None:
         token = os.urandom(6).hex()

@@ -214,3 +214,60 @@ def test_the_readmes_matcher_examples_are_valid_options(redis_server):
         index = ClusterIndex(**{k: v for k, v in m.items() if k != "name"} | {"url": redis_server.url})
         assert index.shards == m.get("shards", 1)
         index.close()
+
+
+def test_a_node_refused_for_its_shard_count_keeps_no_queue(kernels, redis_server, prefix):
+    a = kernels("a")
+    assert wait_until(lambda: a.index.publisher.ident, 10) is not None
+    odd = kernels("odd", shards=2)
+    assert wait_until(lambda: odd.index.stats()["publish.refused_shards"] >= 1, 10) is not None
+    for _ in range(20):
+        odd.index.insert_many([os.urandom(16) for _ in range(100)], Location("dram", "odd", odd.epoch), 1)
+    assert wait_until(lambda: not odd.index._queue, 10) is not None  # its changes are not held for a registration
+    assert len(odd.index) == 2000  # its own index is whole: a registration's snapshot would publish all of it
+
+
+def test_the_shard_count_lives_with_the_leases_and_a_new_fleet_may_choose_another(kernels, redis_server, prefix):
+    a = kernels("a")
+    assert wait_until(lambda: a.index.publisher.ident, 10) is not None
+    r = redis_server.client()
+    assert int(r.get(f"{prefix}/idx:shards")) == S and 0 < r.pttl(f"{prefix}/idx:shards") <= 1000
+    a.close()  # the whole fleet (one node) is gone: its lease, and the deployment's shard count, run out
+    assert wait_until(lambda: not r.exists(f"{prefix}/idx:shards"), 10) is not None
+    b = kernels("b", shards=2)
+    assert wait_until(lambda: b.index.publisher.ident, 10) is not None
+    assert int(r.get(f"{prefix}/idx:shards")) == 2 and b.index.stats()["publish.refused_shards"] == 0
+
+
+def test_a_follower_of_another_shard_count_follows_no_one(kernels):
+    a = kernels("a")
+    a.index.insert_many([os.urandom(16) for _ in range(100)], Location("dram", "a", a.epoch), 1)
+    assert wait_until(lambda: a.index.publisher.ident, 10) is not None
+    wrong = kernels("wrong", shards=2)  # it would read two of the four shards under the wrong split
+    assert wait_until(lambda: wrong.index.stats()["follow.wrong_shards"] >= 1, 10) is not None
+    assert view_of(wrong.index, "a") == {} and wrong.index.peers() == {}
+
+
+def test_keys_published_in_another_shard_are_not_indexed(kernels, redis_server, prefix):
+    a, b = kernels("a"), kernels("b", follow=[0])
+    assert wait_until(lambda: a.index.publisher.ident and "a" in b.index.peers(), 10) is not None
+    stray = next(k for k in iter(lambda: os.urandom(16), None) if shard_of(k, S) == 3)
+    here = next(k for k in iter(lambda: os.urandom(16), None) if shard_of(k, S) == 0)
+    publish_ops(redis_server.client(), f"{prefix}/", "a", a.index.publisher.ident,
+                [("S", "dram", 1, stray + here)], 1000, shard=0, shards=S)  # a writer of the shared Redis  # fmt: skip
+    assert wait_until(lambda: b.index.get(here) is not None, 10) is not None
+    assert b.index.get(stray) is None and b.index.stats()["follow.misplaced_keys"] >= 1
+
+
+def test_an_old_identity_is_refused_in_every_shard_after_the_node_registered_again(kernels, redis_server, prefix):
+    a = kernels("a")
+    assert wait_until(lambda: a.index.publisher.ident, 10) is not None
+    old = a.index.publisher.ident
+    a.index.publisher._reset = True  # what a write of unknown outcome does: the registration starts over
+    a.index.publisher.wake.set()
+    assert wait_until(lambda: a.index.publisher.ident not in ("", old), 10) is not None
+    r = redis_server.client()
+    for s in range(S):
+        with pytest.raises(redis.ResponseError) as exc:
+            publish_ops(r, f"{prefix}/", "a", old, [("S", "dram", 1, os.urandom(16))], 1000, shard=s, shards=S)
+        assert stale(exc.value)
