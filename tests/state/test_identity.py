@@ -146,6 +146,13 @@ def test_bad_secret_is_a_clear_error(bad):
         load_secret(bad)
 
 
+def test_a_binary_secret_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "secret"
+    path.write_bytes(b"(yK\xf2k\x07JL" * 4)  # raw random bytes, not hex text
+    with pytest.raises(ConfigError, match="the secret file is not text; it holds the secret as hex"):
+        load_secret(path=path)
+
+
 def test_keyer_rejects_short_secret_and_bad_page():
     with pytest.raises(ConfigError):
         BlockKeyer(b"short")

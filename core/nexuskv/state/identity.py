@@ -76,7 +76,12 @@ def load_secret(value: str | None = None, path: str | os.PathLike[str] | None = 
     p = Path(path or os.environ.get(SECRET_FILE_ENV) or default_secret_path())
     if not p.exists():
         _create_secret(p)
-    return _parse_secret(p.read_text(), str(p))
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: the secret file is not text; it holds the secret as hex (at least 32 bytes: "
+                          "`python3 -c 'import os; print(os.urandom(32).hex())' > FILE`)") from None
+    return _parse_secret(text, str(p))
 
 
 def _create_secret(p: Path) -> None:

@@ -1,0 +1,1 @@
+"""NexusKV as SGLang's HiCache storage backend (see `nexuskv_sglang.backend`)."""
