@@ -7,7 +7,8 @@ the host pool's layout) and block keys: `blake2b(rank tag + page hash, key=reque
 the kernel's keyed root of (namespace, model, tokenizer, layout) under the deployment secret. Two backends whose
 identity differs in anything never share a key; nobody without the secret can compute one. MLA latent state is
 identical on every tensor-parallel rank and is keyed once (the kernel's `keyed_layout`); other state carries its
-rank in the layout, pipeline and context-parallel ranks in the tag.
+rank in the layout (a hybrid layout always does: Mamba state differs by rank), pipeline and context-parallel ranks
+in the tag.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any
 
 import attrs
 
-from nexuskv import AdapterIdentity, Layout, ModelIdentity, Request, StateGroup, TokenizerIdentity
+from nexuskv import AdapterIdentity, Layout, ModelIdentity, Request, TokenizerIdentity
 
-__all__ = ["Identity", "Pages", "layout_of"]
+__all__ = ["Identity", "Pages"]
 
 _PERSON = b"nexuskv.sglang"
 _ids = itertools.count(1)
@@ -51,19 +52,6 @@ class Identity:
         cfg = storage_config
         self.rank_tag = (f"pp{cfg.pp_rank}/{cfg.pp_size}|cp{cfg.attn_cp_rank}/{cfg.attn_cp_size}|"
                          f"dcp{getattr(cfg, 'dcp_rank', 0)}/{getattr(cfg, 'dcp_size', 1)}|").encode()  # fmt: skip
-
-
-def layout_of(host_pool: Any, storage_config: Any) -> Layout:
-    """The NexusKV layout of an SGLang host KV pool (MHA: dense pages; MLA: latent pages, stored once)."""
-    layers, page = int(host_pool.layer_num), int(host_pool.page_size)
-    tp = (int(storage_config.tp_rank), int(storage_config.tp_size))
-    if storage_config.is_mla_model:
-        dim = int(host_pool.kv_lora_rank + host_pool.qk_rope_head_dim)
-        group = StateGroup(kind="latent", layers=layers, latent_dim=dim)
-    else:
-        group = StateGroup(kind="dense", layers=layers, kv_heads=int(host_pool.head_num),
-                           head_dim=int(host_pool.head_dim))  # fmt: skip
-    return Layout(groups=[group], page_size=page, tp_rank=tp[0], tp_size=tp[1])
 
 
 class Pages:

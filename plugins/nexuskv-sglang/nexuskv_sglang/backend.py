@@ -17,6 +17,9 @@ What it answers:
 - `set` / `batch_set` / `batch_set_v1` commit pages through the kernel's bounded writer: what its bounds refuse
   is answered False; the tenant's admit and place rules then apply in the writer (a page they refuse is logged,
   counted and never stored, so a later `batch_exists` does not count it).
+- The multi-pool `*_v2` calls (hybrid models) map SGLang's KV pool to a dense / latent group, its sliding-window
+  pool to a `windowed` group and its Mamba pool to a `recurrent` group of one layout (`_pools`): one plan answers
+  for all pools, and `batch_exists_v2` gives SGLang the restorable prefix lengths its trailing-page pools allow.
 - `get_stats()` is the kernel's decision counts and this backend's page counts.
 
 Pages are keyed with the backend's full identity (`_pages`): model (name, revision, adapter, dtype), tokenizer,
@@ -26,18 +29,32 @@ tenant, scope, cache salt and rank, under the deployment secret.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
 
 from nexuskv import Kernel, PlanAction, get_logger
-from nexuskv_sglang._pages import Identity, Pages, layout_of
+from nexuskv_sglang._pages import Identity, Pages
+from nexuskv_sglang._pools import Pool, pools_of
 
 __all__ = ["NexusKVStorage"]
 
 log = get_logger("nexuskv_sglang")
+KV = PoolName.KV.value
+# Payloads are read into SGLang's pages without an intermediate copy: the tensor over a read-only payload is only
+# ever copied from, so torch's "buffer is not writable" warning says nothing here.
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 
 class NexusKVStorage(HiCacheStorage):
@@ -59,8 +76,10 @@ class NexusKVStorage(HiCacheStorage):
                 raise ValueError("nexuskv: extra_config needs 'nexuskv_config' (the kernel's TOML config file)")
             kernel = Kernel.from_config(path)
         self.kernel = kernel
-        self.pages: Pages | None = None
-        self.page_bytes = 0
+        self.mem_pool_host: Any = None
+        self.registered_pools: dict[str, Any] = {}
+        self.pools: dict[str, Pool] = {}
+        self._pages: Pages | None = None
         self._lock = threading.Lock()
         self.counts = {"exists_pages": 0, "worth_pages": 0, "get_pages": 0, "got_pages": 0, "set_pages": 0,
                        "stored_pages": 0, "refused_pages": 0}  # fmt: skip
@@ -68,19 +87,50 @@ class NexusKVStorage(HiCacheStorage):
     # ------------------------------------------------------------------------------------------ set-up
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        """SGLang hands over its host KV pool: the layout, the dtype and the page size come from it."""
-        super().register_mem_pool_host(mem_pool_host)
-        layout = layout_of(mem_pool_host, self.config)
-        dtype = str(mem_pool_host.dtype).removeprefix("torch.")
-        self.pages = Pages(self.kernel, self.identity, layout, dtype)
-        self.page_bytes = mem_pool_host.get_dummy_flat_data_page().numel() * mem_pool_host.dtype.itemsize
-        log.info("nexuskv storage backend ready", tenant=self.identity.tenant, model=self.pages.model.name,
-                 kind=layout.kind, page_size=layout.page_size, page_bytes=self.page_bytes)  # fmt: skip
+        """SGLang hands over its host KV pool (the anchor): layout, dtype and page size come from it."""
+        with self._lock:
+            if self._pages is not None:
+                raise RuntimeError("nexuskv: the host KV pool is registered already and pages are keyed by it")
+            self.mem_pool_host = mem_pool_host
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """A hybrid model's further host pool (`swa`, `mamba`): a group of the layout (`_pools`)."""
+        with self._lock:
+            if self._pages is not None and str(host_pool_name) not in self.pools:
+                log.error("nexuskv: a host pool registered after the first call is not served; SGLang recomputes "
+                          "its state", pool=str(host_pool_name))  # fmt: skip
+            self.registered_pools[str(host_pool_name)] = host_pool
+
+    def on_host_pools_registered(self) -> None:
+        """Every pool is known: build the layout now, so a pool NexusKV cannot map fails SGLang's attach, named."""
+        self._ready()
+
+    @property
+    def pages(self) -> Pages | None:
+        """Requests and keys for this backend's identity and layout (None until SGLang's pools are registered)."""
+        return self._pages
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one KV page."""
+        self._ready()
+        return self.pools[KV].page_bytes
 
     def _ready(self) -> Pages:
-        if self.pages is None:
-            raise RuntimeError("nexuskv: SGLang has not registered its host pool (register_mem_pool_host) yet")
-        return self.pages
+        pages = self._pages
+        if pages is not None:
+            return pages
+        with self._lock:
+            if self._pages is None:
+                if self.mem_pool_host is None:
+                    raise RuntimeError("nexuskv: SGLang has not registered its host pool (register_mem_pool_host)")
+                layout, pools = pools_of(self.mem_pool_host, self.registered_pools, self.config)
+                dtype = str(self.mem_pool_host.dtype).removeprefix("torch.")
+                self._pages, self.pools = Pages(self.kernel, self.identity, layout, dtype), pools
+                log.info("nexuskv storage backend ready", tenant=self.identity.tenant, model=self._pages.model.name,
+                         kind=layout.kind, pools=sorted(pools), page_size=layout.page_size,
+                         page_bytes=pools[KV].page_bytes)  # fmt: skip
+            return self._pages
 
     def _count(self, **add: int) -> None:
         with self._lock:
@@ -94,45 +144,99 @@ class NexusKVStorage(HiCacheStorage):
         pages = self._ready()
         return self.kernel.index.get(pages.keys([key])[0]) is not None
 
-    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
-        """How many leading pages of `keys` are worth fetching: the pages of the kernel's plan, else 0."""
-        if not keys:
-            return 0
-        plan = self.plan(keys)
-        worth = plan.tokens_reused // self._ready().layout.page_size if plan.action == PlanAction.MATERIALIZE else 0
-        self._count(exists_pages=len(keys), worth_pages=worth)
-        return worth
-
     def plan(self, keys: Sequence[str]) -> Any:
         """The kernel's plan for a run of pages (its reasons say why pages are or are not worth fetching)."""
         pages = self._ready()
         return self.kernel.plan(pages.request(len(keys)), keys=pages.keys(keys))
 
-    # ------------------------------------------------------------------------------------------ reads
-
-    def _load(self, keys: Sequence[str]) -> list[bytes | memoryview | None]:
-        """Each page's verified payload, or None: SGLang recomputes that page and the rest.
-
-        None means not worth fetching now, refused, missing, or failing its checksum or MAC. A get is planned as
-        `batch_exists` is, so a read never bypasses the tenant's policy or the deadline. The plan's pages are
-        then read one by one (`Kernel.load`: key, group and MAC verified; a bad page is
-        quarantined), stopping at the first that fails: SGLang recomputes from there. Pages are read by key,
-        not by position: SGLang's page hashes fix a page's prefix, and a run it reads need not start where the
-        run it stored did.
-        """
+    def _worth(self, keys: Sequence[str]) -> tuple[int, list[bytes]]:
+        """How many leading pages of `keys` the kernel's plan restores (0 unless it materializes), and their keys."""
         pages = self._ready()
         block_keys = pages.keys(keys)
-        out: list[bytes | memoryview | None] = [None] * len(keys)
         plan = self.kernel.plan(pages.request(len(keys)), keys=block_keys)
         worth = plan.tokens_reused // pages.layout.page_size if plan.action == PlanAction.MATERIALIZE else 0
+        return worth, block_keys
+
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        """How many leading pages of `keys` are worth fetching: the pages of the kernel's plan, else 0."""
+        if not keys:
+            return 0
+        worth, _ = self._worth(keys)
+        self._count(exists_pages=len(keys), worth_pages=worth)
+        return worth
+
+    def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
+                        extra_info: HiCacheStorageExtraInfo | None = None) -> PoolTransferResult:  # fmt: skip
+        """The usable prefix over every pool: the kernel's plan, cut where each trailing-page pool holds its window.
+
+        `restorable_prefix_pages` lists every prefix length up to the plan's that every pool can restore (SGLang
+        intersects them across ranks); `extra_pool_hit_pages` is each pool's own longest restorable prefix.
+        """
+        transfers = list(pool_transfers or ())
+        if not keys or not self._mapped(transfers, "batch_exists_v2"):
+            return PoolTransferResult(0, {}, [])
+        worth, block_keys = self._worth(keys)
+        index = self.kernel.index
+        masks = [0 if (h := index.get(k)) is None else h.mask_at() for k in block_keys[:worth]]
+        restorable = list(range(1, worth + 1))
+        hits: dict[str, int] = {KV: worth} if worth else {}
+        for t in transfers:
+            if str(t.name) == KV:
+                continue
+            bit = 1 << self.pools[str(t.name)].group
+            if t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                n = max(1, len(t.keys or ()))
+                ok = {p for p in restorable if all(masks[i] & bit for i in range(max(0, p - n), p))}
+            else:  # ALL_PAGES (BLOCK_GROUPS pools are not mapped)
+                cut = next((i for i in range(worth) if not masks[i] & bit), worth)
+                ok = set(range(1, cut + 1))
+            if ok:
+                hits[str(t.name)] = max(ok)
+            restorable = [p for p in restorable if p in ok]
+        final = restorable[-1] if restorable else 0
+        self._count(exists_pages=len(keys), worth_pages=final)
+        return PoolTransferResult(final, hits, restorable)
+
+    def _mapped(self, transfers: Sequence[PoolTransfer], call: str) -> bool:
+        """True when every transfer names a pool NexusKV maps with a hit policy it implements (else logged)."""
+        try:
+            self._ready()
+        except ValueError as e:
+            log.error("nexuskv: SGLang's pools are not mapped; it recomputes", call=call, error=str(e))
+            return False
+        bad = [str(t.name) for t in transfers
+               if str(t.name) not in self.pools or t.hit_policy == PoolHitPolicy.BLOCK_GROUPS]  # fmt: skip
+        if bad:
+            log.warning("nexuskv: a pool without a NexusKV group; SGLang recomputes", call=call, pools=bad)
+        return not bad
+
+    # ------------------------------------------------------------------------------------------ reads
+
+    def _payload(self, pool: Pool, block_key: bytes) -> torch.Tensor | None:
+        """One page of `pool`, verified (`Kernel.load`: key, group, checksum and MAC), as a flat tensor; or None."""
+        got = self.kernel.load(block_key, pool.group)
+        if got is None or len(got.payload) != pool.page_bytes:
+            log.warning("nexuskv: a page was not served; SGLang recomputes from it", tenant=self.identity.tenant,
+                        pool=pool.name, why="missing or failed verification" if got is None else
+                        f"{len(got.payload)} bytes, a page is {pool.page_bytes}")  # fmt: skip
+            return None
+        return torch.frombuffer(got.payload, dtype=pool.flat_dtype)
+
+    def _load(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
+        """Each KV page's verified payload, or None: SGLang recomputes that page and the rest.
+
+        None means not worth fetching now, refused, missing, or failing its checksum or MAC. A get is planned as
+        `batch_exists` is, so a read never bypasses the tenant's policy or the deadline; the plan's pages are
+        then read one by one, stopping at the first that fails. Pages are read by key, not by position: SGLang's
+        page hashes fix a page's prefix, and a run it reads need not start where the run it stored did.
+        """
+        worth, block_keys = self._worth(keys)
+        kv = self.pools[KV]
+        out: list[torch.Tensor | None] = [None] * len(keys)
         for b in range(worth):
-            got = self.kernel.load(block_keys[b], 0)
-            if got is None or len(got.payload) != self.page_bytes:
-                log.warning("nexuskv: a page was not served; SGLang recomputes from it", tenant=self.identity.tenant,
-                            page=b, pages=len(keys), why="missing or failed verification" if got is None else
-                            f"{len(got.payload)} bytes, a page is {self.page_bytes}")  # fmt: skip
+            out[b] = self._payload(kv, block_keys[b])
+            if out[b] is None:
                 break
-            out[b] = got.payload
         self._count(get_pages=len(keys), got_pages=sum(p is not None for p in out))
         return out
 
@@ -145,15 +249,13 @@ class NexusKVStorage(HiCacheStorage):
         """Pages into `target_locations` (SGLang's dummy flat pages); None for each page that cannot be served."""
         targets = list(target_locations or [None] * len(keys))
         out: list[torch.Tensor | None] = []
-        for payload, target in zip(self._load(keys), targets, strict=True):
-            if payload is None:
+        for src, target in zip(self._load(keys), targets, strict=True):
+            if src is None:
                 out.append(None)
                 continue
-            src = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             if target is None:
-                dtype = self.mem_pool_host.dtype
-                target = torch.empty(self.page_bytes // dtype.itemsize, dtype=dtype)
-            target.view(torch.uint8).copy_(src)
+                target = torch.empty_like(src)
+            target.view(torch.uint8).copy_(src.view(torch.uint8))
             out.append(target)
         return out
 
@@ -162,22 +264,56 @@ class NexusKVStorage(HiCacheStorage):
         """Pages straight into SGLang's host pool at `host_indices` (a page per `page_size` indices)."""
         page = self._ready().layout.page_size
         ok: list[bool] = []
-        for i, payload in enumerate(self._load(keys)):
-            if payload is None:
-                ok.append(False)
-                continue
-            flat = torch.frombuffer(bytearray(payload), dtype=self.mem_pool_host.dtype)
-            self.mem_pool_host.set_from_flat_data_page(int(host_indices[i * page].item()), flat)
-            ok.append(True)
+        for i, src in enumerate(self._load(keys)):
+            if src is not None:
+                self.mem_pool_host.set_from_flat_data_page(int(host_indices[i * page]), src)
+            ok.append(src is not None)
         return ok
+
+    def batch_get_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:  # fmt: skip
+        """Each pool's pages into its host pool, planned once over the KV run.
+
+        A pool's page is read only when its page is among the plan's (so a read never bypasses the tenant's
+        policy); each pool stops at its first page that fails.
+        """
+        out = {str(t.name): [False] * len(t.keys or ()) for t in transfers}
+        if not transfers or not self._mapped(transfers, "batch_get_v2"):
+            return out
+        kv = next((t for t in transfers if str(t.name) == KV), transfers[0])
+        chain = list(kv.keys or ())
+        worth, block_keys = self._worth(chain) if chain else (0, [])
+        allowed = dict(zip(chain[:worth], block_keys[:worth], strict=True))
+        for t in transfers:
+            pool, keys, res = self.pools[str(t.name)], list(t.keys or ()), out[str(t.name)]
+            if not self._indices_fit(t, pool, "batch_get_v2"):
+                continue
+            for i, key in enumerate(keys):
+                bk = allowed.get(key)
+                src = None if bk is None else self._payload(pool, bk)
+                if src is None:
+                    break
+                pool.host.set_from_flat_data_page(int(t.host_indices[i * pool.page_size]), src)
+                res[i] = True
+            self._count(get_pages=len(keys), got_pages=sum(res))
+        return out
+
+    @staticmethod
+    def _indices_fit(t: PoolTransfer, pool: Pool, call: str) -> bool:
+        want = len(t.keys or ()) * pool.page_size
+        if t.host_indices is None or t.host_indices.numel() != want:
+            log.error("nexuskv: host indices do not fit the keys; nothing moved", call=call, pool=pool.name,
+                      expected=want, got=0 if t.host_indices is None else t.host_indices.numel())  # fmt: skip
+            return False
+        return True
 
     # ------------------------------------------------------------------------------------------ writes
 
-    def _commit(self, keys: Sequence[str], payloads: Sequence[bytes]) -> list[bool]:
-        """Commit pages through the kernel's bounded writer and the tenant's rules; which were accepted."""
+    def _commit(self, keys: Sequence[str], payloads: Sequence[bytes], group: int = 0) -> list[bool]:
+        """Commit pages (of one group) through the kernel's bounded writer and the tenant's rules; which were taken."""
         pages = self._ready()
         request = pages.request(len(keys))
-        result = self.kernel.commit(request, {(b, 0): p for b, p in enumerate(payloads)}, keys=pages.keys(keys))
+        result = self.kernel.commit(request, {(b, group): p for b, p in enumerate(payloads)}, keys=pages.keys(keys))
         ok = [b < result.accepted for b in range(len(keys))]  # the writer takes a prefix, refuses the rest
         self._count(set_pages=len(keys), stored_pages=sum(ok), refused_pages=len(keys) - sum(ok))
         return ok
@@ -199,9 +335,23 @@ class NexusKVStorage(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:  # fmt: skip
         """Pages straight from SGLang's host pool at `host_indices`."""
         page = self._ready().layout.page_size
-        payloads = [self._bytes(self.mem_pool_host.get_data_page(int(host_indices[i * page].item()), flat=True))
+        payloads = [self._bytes(self.mem_pool_host.get_data_page(int(host_indices[i * page]), flat=True))
                     for i in range(len(keys))]  # fmt: skip
         return self._commit(keys, payloads)
+
+    def batch_set_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:  # fmt: skip
+        """Each pool's pages from its host pool, committed to the pool's group."""
+        out = {str(t.name): [False] * len(t.keys or ()) for t in transfers}
+        if not transfers or not self._mapped(transfers, "batch_set_v2"):
+            return out
+        for t in transfers:
+            pool, keys = self.pools[str(t.name)], list(t.keys or ())
+            if keys and self._indices_fit(t, pool, "batch_set_v2"):
+                payloads = [self._bytes(pool.host.get_data_page(int(t.host_indices[i * pool.page_size]), flat=True))
+                            for i in range(len(keys))]  # fmt: skip
+                out[str(t.name)] = self._commit(keys, payloads, pool.group)
+        return out
 
     # ------------------------------------------------------------------------------------------ the rest
 

@@ -99,3 +99,13 @@ def kernel_toml(tmp_path, policies) -> Path:
     path.write_text(f'node = "n1"\npage_size = {PAGE}\npolicies = "{policies}"\nsecret_file = "{secret}"\n\n'
                     '[tiers.dram]\nstore = "dram"\ncapacity_bytes = "64MiB"\n')
     return path
+
+
+def mamba_host():
+    """A real Mamba host pool on the CPU: 2 layers of recurrent state (temporal 4x8 + conv 3x8), one checkpoint per
+    page."""
+    from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+
+    info = MambaStateBufferInfo(temporal=torch.zeros(2, 17, 4, 8), conv=(torch.zeros(2, 17, 3, 8),))
+    return MambaPoolHost(info, 2.0, 0, device_capacity=16, pin_memory=False, layout="page_first")

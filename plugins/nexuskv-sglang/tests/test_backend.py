@@ -22,6 +22,7 @@ def backend(kernel, host=None, **cfg) -> NexusKVStorage:
     extra = cfg.pop("extra", None)
     b = NexusKVStorage(storage_config(extra, **cfg), kernel=kernel)
     b.register_mem_pool_host(host if host is not None else mha_host())
+    b.on_host_pools_registered()  # as SGLang's cache controller does once its pools are registered
     return b
 
 
@@ -143,8 +144,9 @@ def test_a_kernel_of_another_page_size_is_a_clear_error(policies):
 
     with Kernel(KernelConfig(node="n1", page_size=16, policies=str(policies)), secret=bytes(32)) as k:
         b = NexusKVStorage(storage_config(), kernel=k)
+        b.register_mem_pool_host(mha_host())
         with pytest.raises(ValueError, match="page size 4 is not the kernel's page_size 16"):
-            b.register_mem_pool_host(mha_host())
+            b.on_host_pools_registered()  # SGLang's attach fails, saying why
         no_tenant = storage_config()
         no_tenant.extra_config.pop("tenant")
         with pytest.raises(ValueError, match="needs 'tenant'"):
