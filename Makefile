@@ -42,10 +42,11 @@ $(VLLM_STAMP): pyproject.toml plugins/nexuskv-vllm/pyproject.toml plugins/nexusk
 vllm-setup: $(VLLM_STAMP)
 
 # SGLang 0.5.23 pins torch==2.14.1 (its CUDA build, from this machine's disk; it runs on the CPU here).
-$(SGLANG_STAMP): pyproject.toml plugins/nexuskv-sglang/pyproject.toml
+$(SGLANG_STAMP): pyproject.toml plugins/nexuskv-sglang/pyproject.toml plugins/nexuskv-tier-disk/pyproject.toml
 	test -x $(SPY) || $(PYTHON) -m venv $(SGLANG_VENV)
 	$(SPY) -m pip install -q --disable-pip-version-check torch==2.14.1
-	$(SPY) -m pip install -q --disable-pip-version-check -e '.[test]' -e './plugins/nexuskv-sglang[test]'
+	$(SPY) -m pip install -q --disable-pip-version-check -e '.[test]' -e ./plugins/nexuskv-tier-disk \
+		-e './plugins/nexuskv-sglang[test]'
 	touch $(SGLANG_STAMP)
 
 sglang-setup: $(SGLANG_STAMP)
@@ -93,6 +94,7 @@ test-sglang:
 ifeq ($(ARCH),x86_64)
 	$(MAKE) --no-print-directory sglang-setup
 	$(SPY) -m pytest -p no:warnings plugins/nexuskv-sglang/tests  # no:warnings: flashinfer and cutlass deprecations
+	$(PY) -m pytest tests/test_benches.py -k sglang_storage  # the SGLang bench's quick mode (in .venv-sglang)
 else
 	@echo "test-sglang: skipped, SGLang's pinned torch 2.14.1 is taken from this machine's x86_64 disk"
 endif

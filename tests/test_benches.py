@@ -91,7 +91,8 @@ def test_every_bench_runs_in_quick_mode_and_prints_every_result_it_promises(benc
     if "VENV" in got:
         python = str(REPO / str(got["VENV"]) / "bin" / "python")
         if not Path(python).exists():
-            pytest.skip(f"{bench.name} runs in {got['VENV']}, which is not built here (`make vllm-setup` builds it)")
+            setup = str(got["VENV"]).removeprefix(".venv-") + "-setup"
+            pytest.skip(f"{bench.name} runs in {got['VENV']}, which is not built here (`make {setup}` builds it)")
     plots = {p: p.stat().st_mtime_ns for p in (REPO / "docs" / "img").glob("*")}
     t0 = time.monotonic()
     run = subprocess.run([python, str(bench)], cwd=REPO, env={**os.environ, "NEXUSKV_BENCH_QUICK": "1"},
