@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved, machine_speed, quick, requires, result
+from _common import interleaved, machine_speed, quick, requires, result, tier_descriptor
 
 RESULTS = ("sglang.nexuskv_get_over_file_backend", "sglang.slowtier_pages_nexuskv_waits_for")
 VENV = ".venv-sglang"  # SGLang pins torch 2.14.1 and its own transformers: `make sglang-setup` builds it
@@ -132,7 +132,19 @@ def read_bench(tmp: Path) -> None:
 
     print(f"pages: {PAGES} of {page_bytes / 2**20:.2f} MiB ({PAGE} tokens x {LAYERS} layers x {HEADS} KV heads x "
           f"{DIM}, bfloat16); {machine_speed()}")  # fmt: skip
-    fns = {"file": file_read, **{n: ours(n) for n in backends}}
+    # What NexusKV checks on every page and the file backend does not: the payload's checksum and its MAC
+    from nexuskv import StateSeal, checksum
+
+    seal = StateSeal(os.urandom(32))
+    raw = [host.get_data_page(i * PAGE, flat=True).view(torch.uint8).numpy().tobytes() for i in range(PAGES)]
+    descs = [tier_descriptor(os.urandom(16), p, "disk") for p in raw]
+
+    def verify() -> None:
+        for d, p in zip(descs, raw, strict=True):
+            checksum(p)
+            seal.mac(d, p)
+
+    fns = {"file": file_read, **{n: ours(n) for n in backends}, "verify": verify}
     runs = {"quiet": interleaved(fns, rounds=ROUNDS, inner=1)}
     quiet_failed, failed = failed, dict.fromkeys(failed, 0)
     stop = mp.Event()
@@ -147,7 +159,8 @@ def read_bench(tmp: Path) -> None:
         gbps = {n: PAGES * page_bytes / s / 1e9 for n, s in t.items()}
         print(f"{label}: file backend {t['file'] * 1e3:.1f} ms ({gbps['file']:.2f} GB/s), NexusKV disk tier "
               f"{t['nexuskv'] * 1e3:.1f} ms ({gbps['nexuskv']:.2f} GB/s, {t['nexuskv'] / t['file']:.3f}x), NexusKV "
-              f"DRAM tier {t['nexuskv-dram'] * 1e3:.1f} ms ({t['nexuskv-dram'] / t['file']:.3f}x)")  # fmt: skip
+              f"DRAM tier {t['nexuskv-dram'] * 1e3:.1f} ms ({t['nexuskv-dram'] / t['file']:.3f}x); verifying the "
+              f"{PAGES} pages alone (XXH3 + keyed BLAKE3 MAC, one thread) {t['verify'] * 1e3:.1f} ms")  # fmt: skip
     print(f"reads that did not return every page (counted apart, never timed as successes): quiet {quiet_failed}, "
           f"beside the burner {failed}" + (f"; a plan then said: {why[-1]}" if why else ""))  # fmt: skip
     ok = host.get_data_page(PAGES * PAGE, flat=True).view(torch.uint8)

@@ -28,9 +28,10 @@ tenant, scope, cache salt and rank, under the deployment secret.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -52,6 +53,8 @@ __all__ = ["NexusKVStorage"]
 
 log = get_logger("nexuskv_sglang")
 KV = PoolName.KV.value
+IO_THREADS = 4  # pages read at once: a tier's read, the MAC and the copy into the host pool overlap across pages
+PARALLEL_BYTES = 1 << 20  # a run smaller than this is read page by page in the caller's thread (no hand-off)
 # Payloads are read into SGLang's pages without an intermediate copy: the tensor over a read-only payload is only
 # ever copied from, so torch's "buffer is not writable" warning says nothing here.
 warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
@@ -81,6 +84,7 @@ class NexusKVStorage(HiCacheStorage):
         self.pools: dict[str, Pool] = {}
         self._pages: Pages | None = None
         self._lock = threading.Lock()
+        self._io = concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="nexuskv-sglang-read")
         self.counts = {"exists_pages": 0, "worth_pages": 0, "get_pages": 0, "got_pages": 0, "set_pages": 0,
                        "stored_pages": 0, "refused_pages": 0}  # fmt: skip
 
@@ -222,23 +226,49 @@ class NexusKVStorage(HiCacheStorage):
             return None
         return torch.frombuffer(got.payload, dtype=pool.flat_dtype)
 
-    def _load(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
-        """Each KV page's verified payload, or None: SGLang recomputes that page and the rest.
+    def _read(self, pool: Pool, block_keys: Sequence[bytes], n: int,
+              sink: Callable[[int, torch.Tensor], None]) -> int:  # fmt: skip
+        """Read pages [0, n) of `pool`, handing each verified page to `sink(i, page)`; how many leading pages were.
 
-        None means not worth fetching now, refused, missing, or failing its checksum or MAC. A get is planned as
-        `batch_exists` is, so a read never bypasses the tenant's policy or the deadline; the plan's pages are
-        then read one by one, stopping at the first that fails. Pages are read by key, not by position: SGLang's
-        page hashes fix a page's prefix, and a run it reads need not start where the run it stored did.
+        Pages are read concurrently (`IO_THREADS`) when the run is large: the tier's read, the MAC check and the
+        copy of one page overlap another's. A page past the first that fails may have been handed over; it is
+        not counted (SGLang takes only the leading run), and pages not yet started are cancelled.
+        """
+
+        def one(i: int) -> bool:
+            src = self._payload(pool, block_keys[i])
+            if src is None:
+                return False
+            sink(i, src)
+            return True
+
+        if n * pool.page_bytes < PARALLEL_BYTES:
+            return next((i for i in range(n) if not one(i)), n)
+        futures = [self._io.submit(one, i) for i in range(n)]
+        for i, f in enumerate(futures):
+            try:
+                ok = f.result()
+            except Exception:
+                log.exception("nexuskv: a page read failed; SGLang recomputes from it", pool=pool.name, page=i)
+                ok = False
+            if not ok:
+                for rest in futures[i + 1:]:
+                    rest.cancel()
+                return i
+        return n
+
+    def _load(self, keys: Sequence[str], sink: Callable[[int, torch.Tensor], None]) -> int:
+        """Read the KV pages of `keys` worth reading into `sink`; how many leading pages arrived (the rest: None).
+
+        Not worth fetching now, refused, missing, or failing its checksum or MAC: SGLang recomputes that page and
+        the rest. A get is planned as `batch_exists` is, so a read never bypasses the tenant's policy or the
+        deadline. Pages are read by key, not by position: SGLang's page hashes fix a page's prefix, and a run it
+        reads need not start where the run it stored did.
         """
         worth, block_keys = self._worth(keys)
-        kv = self.pools[KV]
-        out: list[torch.Tensor | None] = [None] * len(keys)
-        for b in range(worth):
-            out[b] = self._payload(kv, block_keys[b])
-            if out[b] is None:
-                break
-        self._count(get_pages=len(keys), got_pages=sum(p is not None for p in out))
-        return out
+        got = self._read(self.pools[KV], block_keys, worth, sink)
+        self._count(get_pages=len(keys), got_pages=got)
+        return got
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
         """One page into `target_location` (a flat host tensor); None when it cannot be served."""
@@ -247,28 +277,23 @@ class NexusKVStorage(HiCacheStorage):
     def batch_get(self, keys: list[str], target_locations: Any = None,
                   target_sizes: Any = None) -> list[torch.Tensor | None]:  # fmt: skip
         """Pages into `target_locations` (SGLang's dummy flat pages); None for each page that cannot be served."""
-        targets = list(target_locations or [None] * len(keys))
-        out: list[torch.Tensor | None] = []
-        for src, target in zip(self._load(keys), targets, strict=True):
-            if src is None:
-                out.append(None)
-                continue
-            if target is None:
-                target = torch.empty_like(src)
-            target.view(torch.uint8).copy_(src.view(torch.uint8))
-            out.append(target)
-        return out
+        targets: list[torch.Tensor | None] = list(target_locations or [None] * len(keys))
+
+        def sink(i: int, src: torch.Tensor) -> None:
+            if targets[i] is None:
+                targets[i] = torch.empty_like(src)
+            targets[i].view(torch.uint8).copy_(src.view(torch.uint8))
+
+        got = self._load(keys, sink)
+        return [t if i < got else None for i, t in enumerate(targets)]
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:  # fmt: skip
         """Pages straight into SGLang's host pool at `host_indices` (a page per `page_size` indices)."""
         page = self._ready().layout.page_size
-        ok: list[bool] = []
-        for i, src in enumerate(self._load(keys)):
-            if src is not None:
-                self.mem_pool_host.set_from_flat_data_page(int(host_indices[i * page]), src)
-            ok.append(src is not None)
-        return ok
+        host = self.mem_pool_host
+        got = self._load(keys, lambda i, src: host.set_from_flat_data_page(int(host_indices[i * page]), src))
+        return [i < got for i in range(len(keys))]
 
     def batch_get_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:  # fmt: skip
@@ -285,17 +310,16 @@ class NexusKVStorage(HiCacheStorage):
         worth, block_keys = self._worth(chain) if chain else (0, [])
         allowed = dict(zip(chain[:worth], block_keys[:worth], strict=True))
         for t in transfers:
-            pool, keys, res = self.pools[str(t.name)], list(t.keys or ()), out[str(t.name)]
+            pool, keys = self.pools[str(t.name)], list(t.keys or ())
             if not self._indices_fit(t, pool, "batch_get_v2"):
                 continue
-            for i, key in enumerate(keys):
-                bk = allowed.get(key)
-                src = None if bk is None else self._payload(pool, bk)
-                if src is None:
-                    break
-                pool.host.set_from_flat_data_page(int(t.host_indices[i * pool.page_size]), src)
-                res[i] = True
-            self._count(get_pages=len(keys), got_pages=sum(res))
+            n = next((i for i, key in enumerate(keys) if key not in allowed), len(keys))  # only the plan's pages
+            host, idx, step = pool.host, t.host_indices, pool.page_size
+            got = self._read(pool, [allowed[k] for k in keys[:n]], n,
+                             lambda i, src, host=host, idx=idx, step=step: host.set_from_flat_data_page(
+                                 int(idx[i * step]), src))  # fmt: skip
+            out[str(t.name)] = [i < got for i in range(len(keys))]
+            self._count(get_pages=len(keys), got_pages=got)
         return out
 
     @staticmethod
@@ -367,6 +391,7 @@ class NexusKVStorage(HiCacheStorage):
         log.info("nexuskv storage backend: clear() asked; shared tiers are not cleared from one server")
 
     def close(self) -> None:
-        """Close the kernel this backend built (not one it was handed)."""
+        """Stop the reader threads; close the kernel this backend built (not one it was handed)."""
+        self._io.shutdown(wait=True, cancel_futures=True)
         if self._own_kernel:
             self.kernel.close()

@@ -108,7 +108,12 @@ def test_a_tenant_whose_policy_refuses_reuse_is_told_to_recompute(kernel):
     assert blocked.batch_get_v1(keys_for(3), indices(range(8, 11))) == [False] * 3  # a get is planned too
 
 
-def test_a_corrupt_page_is_refused_quarantined_and_its_tail_recomputed(kernel):
+@pytest.mark.parametrize("threads", [False, True], ids=["in-caller", "reader-threads"])
+def test_a_corrupt_page_is_refused_quarantined_and_its_tail_recomputed(kernel, monkeypatch, threads):
+    import nexuskv_sglang.backend as backend_module
+
+    if threads:  # every run through the reader threads, as large pages go
+        monkeypatch.setattr(backend_module, "PARALLEL_BYTES", 0)
     host = mha_host()
     b = backend(kernel, host)
     fill(host, range(0, 4), seed=3)
