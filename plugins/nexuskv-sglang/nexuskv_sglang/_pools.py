@@ -72,6 +72,11 @@ def pools_of(anchor: Any, registered: Mapping[str, Any], storage_config: Any) ->
         hosts[name] = host
     if PoolName.SWA.value in hosts and PoolName.MAMBA.value in hosts:
         raise ValueError("nexuskv: a model with both a sliding-window and a Mamba pool is not mapped")
+    if len(hosts) > 1 and storage_config.is_mla_model and int(storage_config.tp_size) > 1:
+        # SGLang writes MLA pages from one rank only, but a hybrid layout keys every group by rank (Mamba state
+        # differs by rank): ranks other than the writer would never find their KV pages
+        raise ValueError("nexuskv: an MLA model with a Mamba or sliding-window pool at tensor parallel > 1 is not "
+                         "mapped (its latent pages are written by one rank; the hybrid layout keys them per rank)")
     groups: list[StateGroup] = []
     pools: dict[str, Pool] = {}
     for name in (p.value for p in POOL_ORDER):

@@ -28,10 +28,9 @@ tenant, scope, cache salt and rank, under the deployment secret.
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -48,13 +47,12 @@ from sglang.srt.mem_cache.hicache_storage import (
 from nexuskv import Kernel, PlanAction, get_logger
 from nexuskv_sglang._pages import Identity, Pages
 from nexuskv_sglang._pools import Pool, pools_of
+from nexuskv_sglang._reads import Approvals, PageReader, Sink
 
 __all__ = ["NexusKVStorage"]
 
 log = get_logger("nexuskv_sglang")
 KV = PoolName.KV.value
-IO_THREADS = 4  # pages read at once: a tier's read, the MAC and the copy into the host pool overlap across pages
-PARALLEL_BYTES = 1 << 20  # a run smaller than this is read page by page in the caller's thread (no hand-off)
 # Payloads are read into SGLang's pages without an intermediate copy: the tensor over a read-only payload is only
 # ever copied from, so torch's "buffer is not writable" warning says nothing here.
 warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
@@ -84,7 +82,9 @@ class NexusKVStorage(HiCacheStorage):
         self.pools: dict[str, Pool] = {}
         self._pages: Pages | None = None
         self._lock = threading.Lock()
-        self._io = concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="nexuskv-sglang-read")
+        self.reader = PageReader(kernel)
+        self.approvals = Approvals(float(extra.get("approval_ttl_s", 30.0)))
+        self._ops: dict[str, list[int]] = {"prefetch": [], "backup": []}  # pages per call, for SGLang's metrics
         self.counts = {"exists_pages": 0, "worth_pages": 0, "get_pages": 0, "got_pages": 0, "set_pages": 0,
                        "stored_pages": 0, "refused_pages": 0}  # fmt: skip
 
@@ -130,7 +130,8 @@ class NexusKVStorage(HiCacheStorage):
                     raise RuntimeError("nexuskv: SGLang has not registered its host pool (register_mem_pool_host)")
                 layout, pools = pools_of(self.mem_pool_host, self.registered_pools, self.config)
                 dtype = str(self.mem_pool_host.dtype).removeprefix("torch.")
-                self._pages, self.pools = Pages(self.kernel, self.identity, layout, dtype), pools
+                self.pools = pools
+                self._pages = Pages(self.kernel, self.identity, layout, dtype)
                 log.info("nexuskv storage backend ready", tenant=self.identity.tenant, model=self._pages.model.name,
                          kind=layout.kind, pools=sorted(pools), page_size=layout.page_size,
                          page_bytes=pools[KV].page_bytes)  # fmt: skip
@@ -161,11 +162,22 @@ class NexusKVStorage(HiCacheStorage):
         worth = plan.tokens_reused // pages.layout.page_size if plan.action == PlanAction.MATERIALIZE else 0
         return worth, block_keys
 
+    def _servable(self, keys: Sequence[str]) -> tuple[int, list[bytes]]:
+        """How many leading pages of `keys` a read serves (and their keys).
+
+        All of them when an existence answer approved them a moment ago (`Approvals`), else what a plan of this
+        run says.
+        """
+        if self.approvals.approved(keys):
+            return len(keys), self._ready().keys(keys)
+        return self._worth(keys)
+
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         """How many leading pages of `keys` are worth fetching: the pages of the kernel's plan, else 0."""
         if not keys:
             return 0
         worth, _ = self._worth(keys)
+        self.approvals.approve(keys[:worth])
         self._count(exists_pages=len(keys), worth_pages=worth)
         return worth
 
@@ -198,6 +210,7 @@ class NexusKVStorage(HiCacheStorage):
                 hits[str(t.name)] = max(ok)
             restorable = [p for p in restorable if p in ok]
         final = restorable[-1] if restorable else 0
+        self.approvals.approve(keys[:final])
         self._count(exists_pages=len(keys), worth_pages=final)
         return PoolTransferResult(final, hits, restorable)
 
@@ -216,58 +229,18 @@ class NexusKVStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------------------------------ reads
 
-    def _payload(self, pool: Pool, block_key: bytes) -> torch.Tensor | None:
-        """One page of `pool`, verified (`Kernel.load`: key, group, checksum and MAC), as a flat tensor; or None."""
-        got = self.kernel.load(block_key, pool.group)
-        if got is None or len(got.payload) != pool.page_bytes:
-            log.warning("nexuskv: a page was not served; SGLang recomputes from it", tenant=self.identity.tenant,
-                        pool=pool.name, why="missing or failed verification" if got is None else
-                        f"{len(got.payload)} bytes, a page is {pool.page_bytes}")  # fmt: skip
-            return None
-        return torch.frombuffer(got.payload, dtype=pool.flat_dtype)
-
-    def _read(self, pool: Pool, block_keys: Sequence[bytes], n: int,
-              sink: Callable[[int, torch.Tensor], None]) -> int:  # fmt: skip
-        """Read pages [0, n) of `pool`, handing each verified page to `sink(i, page)`; how many leading pages were.
-
-        Pages are read concurrently (`IO_THREADS`) when the run is large: the tier's read, the MAC check and the
-        copy of one page overlap another's. A page past the first that fails may have been handed over; it is
-        not counted (SGLang takes only the leading run), and pages not yet started are cancelled.
-        """
-
-        def one(i: int) -> bool:
-            src = self._payload(pool, block_keys[i])
-            if src is None:
-                return False
-            sink(i, src)
-            return True
-
-        if n * pool.page_bytes < PARALLEL_BYTES:
-            return next((i for i in range(n) if not one(i)), n)
-        futures = [self._io.submit(one, i) for i in range(n)]
-        for i, f in enumerate(futures):
-            try:
-                ok = f.result()
-            except Exception:
-                log.exception("nexuskv: a page read failed; SGLang recomputes from it", pool=pool.name, page=i)
-                ok = False
-            if not ok:
-                for rest in futures[i + 1:]:
-                    rest.cancel()
-                return i
-        return n
-
-    def _load(self, keys: Sequence[str], sink: Callable[[int, torch.Tensor], None]) -> int:
+    def _load(self, keys: Sequence[str], sink: Sink) -> int:
         """Read the KV pages of `keys` worth reading into `sink`; how many leading pages arrived (the rest: None).
 
         Not worth fetching now, refused, missing, or failing its checksum or MAC: SGLang recomputes that page and
-        the rest. A get is planned as `batch_exists` is, so a read never bypasses the tenant's policy or the
-        deadline. Pages are read by key, not by position: SGLang's page hashes fix a page's prefix, and a run it
-        reads need not start where the run it stored did.
+        the rest. A read serves what an existence answer approved, else what a plan of the run says, so it never
+        bypasses the tenant's policy or the deadline. Pages are read by key, not by position: SGLang's page hashes
+        fix a page's prefix, and a run it reads need not start where the run it stored did.
         """
-        worth, block_keys = self._worth(keys)
-        got = self._read(self.pools[KV], block_keys, worth, sink)
+        worth, block_keys = self._servable(keys)
+        got = self.reader.read(self.pools[KV], block_keys, worth, sink)
         self._count(get_pages=len(keys), got_pages=got)
+        self._op("prefetch", got)
         return got
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
@@ -305,21 +278,26 @@ class NexusKVStorage(HiCacheStorage):
         out = {str(t.name): [False] * len(t.keys or ()) for t in transfers}
         if not transfers or not self._mapped(transfers, "batch_get_v2"):
             return out
-        kv = next((t for t in transfers if str(t.name) == KV), transfers[0])
-        chain = list(kv.keys or ())
-        worth, block_keys = self._worth(chain) if chain else (0, [])
-        allowed = dict(zip(chain[:worth], block_keys[:worth], strict=True))
+        kv = next((t for t in transfers if str(t.name) == KV), None)
+        allowed: dict[str, bytes] = {}
+        if kv is not None and kv.keys:
+            worth, block_keys = self._servable(list(kv.keys))
+            allowed = dict(zip(list(kv.keys)[:worth], block_keys[:worth], strict=True))
         for t in transfers:
             pool, keys = self.pools[str(t.name)], list(t.keys or ())
             if not self._indices_fit(t, pool, "batch_get_v2"):
                 continue
-            n = next((i for i, key in enumerate(keys) if key not in allowed), len(keys))  # only the plan's pages
+            if kv is None:  # a pool read on its own (SGLang reads the KV run first): what an answer approved
+                n = next((i for i, k in enumerate(keys) if not self.approvals.approved([k])), len(keys))
+                allowed.update(zip(keys[:n], self._ready().keys(keys[:n]), strict=True))
+            n = next((i for i, key in enumerate(keys) if key not in allowed), len(keys))  # only the served pages
             host, idx, step = pool.host, t.host_indices, pool.page_size
-            got = self._read(pool, [allowed[k] for k in keys[:n]], n,
-                             lambda i, src, host=host, idx=idx, step=step: host.set_from_flat_data_page(
-                                 int(idx[i * step]), src))  # fmt: skip
+            got = self.reader.read(pool, [allowed[k] for k in keys[:n]], n,
+                                   lambda i, src, host=host, idx=idx, step=step: host.set_from_flat_data_page(
+                                       int(idx[i * step]), src))  # fmt: skip
             out[str(t.name)] = [i < got for i in range(len(keys))]
             self._count(get_pages=len(keys), got_pages=got)
+            self._op("prefetch", got)
         return out
 
     @staticmethod
@@ -340,6 +318,7 @@ class NexusKVStorage(HiCacheStorage):
         result = self.kernel.commit(request, {(b, group): p for b, p in enumerate(payloads)}, keys=pages.keys(keys))
         ok = [b < result.accepted for b in range(len(keys))]  # the writer takes a prefix, refuses the rest
         self._count(set_pages=len(keys), stored_pages=sum(ok), refused_pages=len(keys) - sum(ok))
+        self._op("backup", sum(ok))
         return ok
 
     @staticmethod
@@ -379,8 +358,28 @@ class NexusKVStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------------------------------ the rest
 
-    def get_stats(self) -> dict[str, Any]:
-        """This backend's page counts and the kernel's decision counts."""
+    def _op(self, kind: str, pages: int) -> None:
+        with self._lock:
+            ops = self._ops[kind]
+            if len(ops) < 4096:  # drained by SGLang's metrics loop; bounded when nobody drains
+                ops.append(pages)
+
+    def get_stats(self) -> Any:
+        """SGLang's `StorageMetrics`: pages per read and per write since the last call; NexusKV's counts as `.nexuskv`.
+
+        SGLang's metrics loop calls it every step and needs that type (`stats()` gives the counts alone).
+        """
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        with self._lock:
+            prefetch, backup = self._ops["prefetch"], self._ops["backup"]
+            self._ops = {"prefetch": [], "backup": []}
+        metrics = StorageMetrics(prefetch_pgs=prefetch, backup_pgs=backup)
+        metrics.nexuskv = self.stats()
+        return metrics
+
+    def stats(self) -> dict[str, Any]:
+        """This backend's page counts and the kernel's decision count."""
         with self._lock:
             out: dict[str, Any] = dict(self.counts)
         out["decisions"] = self.kernel.decisions
@@ -392,6 +391,6 @@ class NexusKVStorage(HiCacheStorage):
 
     def close(self) -> None:
         """Stop the reader threads; close the kernel this backend built (not one it was handed)."""
-        self._io.shutdown(wait=True, cancel_futures=True)
+        self.reader.close()
         if self._own_kernel:
             self.kernel.close()

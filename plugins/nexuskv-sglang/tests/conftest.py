@@ -83,7 +83,9 @@ def policies(tmp_path) -> Path:
 
 @pytest.fixture
 def kernel(policies):
-    cfg = KernelConfig(node="n1", page_size=PAGE, policies=str(policies),
+    # deadline_ms: a plan's budget floor of 50 ms, so a loaded test machine does not fail plans open (the default
+    # 0.5 ms is what a scheduler wants; these tests check answers, not plan speed)
+    cfg = KernelConfig(node="n1", page_size=PAGE, policies=str(policies), deadline_ms=50.0,
                        tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"}})  # fmt: skip
     k = Kernel(cfg, secret=SECRET)
     yield k
@@ -96,7 +98,8 @@ def kernel_toml(tmp_path, policies) -> Path:
     secret = tmp_path / "secret"
     secret.write_text(os.urandom(32).hex())
     secret.chmod(0o600)
-    path.write_text(f'node = "n1"\npage_size = {PAGE}\npolicies = "{policies}"\nsecret_file = "{secret}"\n\n'
+    path.write_text(f'node = "n1"\npage_size = {PAGE}\npolicies = "{policies}"\nsecret_file = "{secret}"\n'
+                    'deadline_ms = 50.0\n\n'
                     '[tiers.dram]\nstore = "dram"\ncapacity_bytes = "64MiB"\n')
     return path
 

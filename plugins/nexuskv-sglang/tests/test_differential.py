@@ -59,7 +59,7 @@ def test_the_same_operations_give_the_same_pages_as_the_file_backend(kernel, tmp
                 assert y is not None and (x is None or torch.equal(x, y))
             served = sum(x is not None for x in a)
             assert served in (0, n)  # all or nothing: a run of this size is worth fetching or it is not
-    assert agreed >= 1 and ours.get_stats()["got_pages"] >= 1  # the comparison was not vacuous
+    assert agreed >= 1 and ours.stats()["got_pages"] >= 1  # the comparison was not vacuous
 
 
 def test_on_a_slow_tier_nexuskv_says_recompute_where_the_file_backend_says_fetch(tmp_path):

@@ -143,3 +143,85 @@ def test_a_pool_nexuskv_cannot_map_fails_the_attach_and_v2_calls_naming_it_get_n
     query = [PoolTransfer(PoolName.MAMBA, keys=["x"], hit_policy=TRAILING)]
     assert ok.batch_exists_v2(["x"], query).kv_hit_pages == 0
     assert ok.batch_get_v2(query) == {"mamba": [False]}
+
+
+def test_sglangs_own_order_kv_in_batches_then_the_state_alone_is_served_as_promised(pair, kernel):
+    """SGLang reads a hybrid hit as its controller does: the KV run through `batch_get_v1` in batches (at most 128
+    pages each), then the Mamba checkpoint in a `batch_get_v2` of its own. Each fragment alone (one page, the state
+    without its KV) would not be worth fetching; they are served because the existence answer approved them."""
+    ours, _, kv, mamba = pair
+    keys = [f"o{i}" for i in range(5)]
+    fill(kv, range(0, 5), seed=7)
+    fill_mamba(mamba, [4], seed=8)
+    sets = [PoolTransfer(PoolName.KV, host_indices=indices(range(0, 5)), keys=keys),
+            PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([4]), keys=[keys[4]])]  # fmt: skip
+    assert ours.batch_set_v2(sets) == {"kv": [True] * 5, "mamba": [True]}
+    assert kernel.flush(10)
+    assert ours.plan(keys[4:]).action.value == "recompute"  # one page alone: not worth a fetch
+    hit = ours.batch_exists_v2(keys, [PoolTransfer(PoolName.MAMBA, keys=[keys[4]], hit_policy=TRAILING)])
+    assert hit.kv_hit_pages == 5
+    assert ours.batch_get_v1(keys[:4], indices(range(8, 12))) == [True] * 4
+    assert ours.batch_get_v1(keys[4:], indices(range(12, 13))) == [True]  # the last batch: one page
+    state = [PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([10]), keys=[keys[4]], hit_policy=TRAILING)]
+    assert ours.batch_get_v2(state) == {"mamba": [True]}
+    assert [kv_page(kv, 8 + i) for i in range(5)] == [kv_page(kv, i) for i in range(5)]
+    assert mamba_page(mamba, 10) == mamba_page(mamba, 4)
+    other = [PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([11]), keys=["never-approved"],
+                          hit_policy=TRAILING)]  # fmt: skip
+    assert ours.batch_get_v2(other) == {"mamba": [False]}  # a state nobody approved is not read
+
+
+def test_no_page_reaches_a_slot_after_the_read_returned(pair, kernel, monkeypatch):
+    """Review finding: a read that fails at page 0 returned while pages 1-3 were still being read, and they were
+    copied into slots SGLang had freed meanwhile. Now the sink closes when the read returns."""
+    import threading
+    import time as _time
+
+    ours, _, kv, _ = pair
+    keys = [f"r{i}" for i in range(4)]
+    fill(kv, range(0, 4), seed=9)
+    assert ours.batch_set_v1(keys, indices(range(0, 4))) == [True] * 4 and kernel.flush(10)
+    ours.reader.parallel_bytes = 0
+    real = ours.reader.page
+    release = threading.Event()
+
+    def injected(pool, block_key):  # a fault: page 0 is gone, the others arrive late
+        if block_key == ours.pages.keys(keys[:1])[0]:
+            return None
+        release.wait(5)
+        return real(pool, block_key)
+
+    monkeypatch.setattr(ours.reader, "page", injected)
+    ours.approvals.approve(keys)
+    before = [kv_page(kv, i) for i in range(8, 12)]
+    assert ours.batch_get_v1(keys, indices(range(8, 12))) == [False] * 4
+    release.set()
+    _time.sleep(0.3)
+    assert [kv_page(kv, i) for i in range(8, 12)] == before  # the late pages were dropped
+
+
+def test_a_hung_tier_costs_a_read_its_timeout_not_the_prefetch_thread(pair, kernel, monkeypatch):
+    import threading
+    import time as _time
+
+    ours, _, kv, _ = pair
+    keys = [f"h{i}" for i in range(3)]
+    fill(kv, range(0, 3), seed=10)
+    assert ours.batch_set_v1(keys, indices(range(0, 3))) == [True] * 3 and kernel.flush(10)
+    ours.reader.parallel_bytes = 0
+    ours.reader.timeout_s = 0.2
+    hang = threading.Event()
+    monkeypatch.setattr(ours.reader, "page", lambda pool, key: hang.wait(10) and None)  # a tier that never answers
+    ours.approvals.approve(keys)
+    t0 = _time.monotonic()
+    assert ours.batch_get_v1(keys, indices(range(8, 11))) == [False] * 3
+    assert _time.monotonic() - t0 < 5  # bounded by the timeout (0.2 s), whatever the hung reads do
+    hang.set()
+
+
+def test_mla_with_a_mamba_pool_at_tensor_parallel_two_is_refused_at_attach(kernel):
+    from conftest import mla_host
+
+    b = NexusKVStorage(storage_config(mla=True, tp_rank=1, tp_size=2), kernel=kernel)
+    with pytest.raises(ValueError, match="MLA model with a Mamba or sliding-window pool at tensor parallel > 1"):
+        attach(b, mla_host(), {PoolName.MAMBA: mamba_host()})
