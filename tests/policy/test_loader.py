@@ -53,13 +53,41 @@ def test_toml_syntax_error_is_located_by_tomllib(tmp_path):
 def test_unknown_top_level_key(tmp_path):
     p = one(tmp_path, {"default.toml": 'description = "d"\nnmae = "x"\n'})
     assert at(p) == ("default.toml", "", 2, 1)
-    assert p.message == "nmae: unknown field"
+    assert p.message == "nmae: unknown field (did you mean 'name'?)"
 
 
 def test_unknown_rule_kind(tmp_path):
     p = one(tmp_path, {"default.toml": 'name = "default"\n\n[[evict]]\nname = "x"\nwhen = "true"\n'})
     assert at(p) == ("default.toml", "", 3, 1)
     assert p.message == "evict: unknown rule kind (one of admit, reuse, place, share, route)"
+
+
+def test_a_mistyped_key_or_rule_kind_gets_a_did_you_mean(tmp_path):
+    """Issue 35: TOML keys and rule kinds get a suggestion, as CEL fields do."""
+    files = {"default.toml": '[[reuse]]\nname = "r"\nwhen = "true"\nmax_tokns = 3\n\n[[reuze]]\nname = "x"\n'}
+    got = sorted(p.message for p in check(tmp_path, files))
+    assert got == ["reuse[0].max_tokns: unknown field (did you mean 'max_tokens'?)",
+                   "reuze: unknown rule kind (did you mean 'reuse'?) (one of admit, reuse, place, share, route)"]
+
+
+def test_a_mistyped_cel_method_gets_a_did_you_mean(tmp_path):
+    p = one(tmp_path, {"default.toml": '[[reuse]]\nname = "r"\nwhen = \'request.tenant.startswith("a")\'\n'})
+    assert p.message == "when: unknown method 'startswith' on string (did you mean 'startsWith'?)"
+    assert at(p) == ("default.toml", "r", 3, 24)
+
+
+def test_a_file_with_structural_problems_still_has_its_cel_problems_listed_and_never_loads(tmp_path):
+    """Issue 35: every problem of a file at once, its CEL errors beside a mistyped key; nothing of it is usable."""
+    files = {"default.toml": '[[reuse]]\nname = "r"\nwhen = "request.tenantt == 1"\neffct = "warn"\n\n'
+                             '[[admit]]\nname = "a"\nwhen = "state.nbytes > \'x\'"\n',
+             "tenants/t.toml": '[[reuse]]\nname = "t"\nwhen = "true"\n'}  # fmt: skip
+    problems = check(tmp_path, files)
+    assert sorted((p.rule, p.line, p.message.split(":")[0]) for p in problems) == [
+        ("a", 8, "when"), ("r", 3, "when"), ("r", 4, "reuse[0].effct")]
+    policies, again = Policies._load(tmp_path, {})
+    assert again == problems and policies.sets == {}  # neither the file nor the tenant extending it is usable
+    with pytest.raises(PolicyError):
+        Policies.load(tmp_path)
 
 
 def test_unknown_key_in_a_rule_is_located_at_its_line(tmp_path):
@@ -75,7 +103,7 @@ def test_unknown_key_in_a_rule_is_located_at_its_line(tmp_path):
     """
     p = one(tmp_path, {"default.toml": text})
     assert at(p) == ("default.toml", "b", 8, 3)
-    assert p.message == "admit[1].effct: unknown field"
+    assert p.message == "admit[1].effct: unknown field (did you mean 'effect'?)"
 
 
 @pytest.mark.parametrize(

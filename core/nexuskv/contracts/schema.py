@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import collections.abc
 import copy
+import difflib
 import enum
 import functools
 import types
@@ -207,11 +208,18 @@ def format_path(parts: typing.Iterable[Any]) -> str:
     return out or "<root>"
 
 
+def did_you_mean(name: str, candidates: typing.Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the closest of `candidates` to a mistyped `name`, or "" when none is close."""
+    close = difflib.get_close_matches(name, sorted(candidates), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def _problems(err: jsonschema.ValidationError) -> list[tuple[str, str]]:
     path = list(err.absolute_path)
     if err.validator == "additionalProperties":
         allowed = set(err.schema.get("properties", {}))
-        return [(format_path([*path, k]), "unknown field") for k in err.instance if k not in allowed]
+        return [(format_path([*path, k]), f"unknown field{did_you_mean(str(k), allowed)}") for k in err.instance
+                if k not in allowed]  # fmt: skip
     if err.validator == "required":
         missing = err.message.split("'")[1] if "'" in err.message else err.message
         return [(format_path([*path, missing]), "required field is missing")]

@@ -7,6 +7,7 @@ returns the compiled `PolicySet` of a tenant (the default one for tenants withou
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import re
@@ -108,14 +109,74 @@ def parse_policy_text(text: str, name: str, stem: str) -> tuple[PolicyFile | Non
 
     Remembered (the model is immutable): a reload parses again only the files that changed.
     """
-    model, problems = _parse_text(text, name, stem)
+    model, problems, _ = _parse_text(text, name, stem)
     return model, list(problems), text
 
 
 @functools.lru_cache(maxsize=512)
-def _parse_text(text: str, name: str, stem: str) -> tuple[PolicyFile | None, tuple[PolicyProblem, ...]]:
+def _parse_text(text: str, name: str,
+                stem: str) -> tuple[PolicyFile | None, tuple[PolicyProblem, ...], PolicyFile | None]:  # fmt: skip
+    """The model (None on problems), the problems, and the file less its bad keys (to find its CEL problems too)."""
     model, problems, _ = _parse_uncached(text, name, stem)
-    return model, tuple(problems)
+    salvaged = model
+    if model is None and problems and problems[0].line is not None and "TOML syntax" not in problems[0].message:
+        salvaged = _salvage(text, stem)
+    return model, tuple(problems), salvaged
+
+
+_EXPRESSION = re.compile(r"(when|\w+_expr|variables\.\w+): ")
+
+
+def _from_salvage(p: PolicyProblem, salvaged: Mapping[str, set[str]]) -> bool:
+    """True for a problem that only follows from the keys a salvaged file lost (a rule missing its removed weight).
+
+    An expression's own problem is kept: it is the file's, whatever else is wrong with it.
+    """
+    rules = salvaged.get(p.file)
+    return rules is not None and p.rule in rules and not _EXPRESSION.match(p.message)
+
+
+_PATH_PART = re.compile(r"\.?([A-Za-z_]\w*)|\[(\d+)\]")
+
+
+def _salvage(text: str, stem: str) -> PolicyFile | None:
+    """The file with every key that has a structural problem removed, validated; None when that does not validate.
+
+    Only ever compiled to report the file's CEL problems beside its structural ones: a file with problems is never
+    used.
+    """
+    data = tomllib.loads(text)
+    try:
+        schema.structure(PolicyFile, data)
+        return None
+    except ContractError as exc:
+        paths = [p for p, _ in exc.problems]
+    data = copy.deepcopy(data)
+    for path in paths:
+        parts: list[str | int] = []
+        at = 0
+        while at < len(path):
+            m = _PATH_PART.match(path, at)
+            if m is None:
+                return None  # a quoted or odd key: not worth guessing
+            parts.append(m.group(1) if m.group(1) is not None else int(m.group(2)))
+            at = m.end()
+        parent: Any = data
+        for part in parts[:-1]:
+            try:
+                parent = parent[part]
+            except (KeyError, IndexError, TypeError):
+                return None
+        if not isinstance(parent, dict) or parts[-1] not in parent:
+            return None
+        del parent[parts[-1]]
+    try:
+        model = schema.structure(PolicyFile, data)
+    except ContractError:
+        return None
+    if model.name not in ("", stem):
+        return None
+    return attrs.evolve(model, name=stem)
 
 
 def _parse_uncached(text: str, name: str, stem: str) -> tuple[PolicyFile | None, list[PolicyProblem], str]:
@@ -133,8 +194,8 @@ def _parse_uncached(text: str, name: str, stem: str) -> tuple[PolicyFile | None,
         problems = []
         for p, msg in exc.problems:
             line, col = _line_of_key(text, p)
-            if msg == "unknown field" and "." not in p and "[" not in p and _is_table_array(data.get(p)):
-                msg = f"unknown rule kind (one of {', '.join(KINDS)})"
+            if msg.startswith("unknown field") and "." not in p and "[" not in p and _is_table_array(data.get(p)):
+                msg = f"unknown rule kind{schema.did_you_mean(p, KINDS)} (one of {', '.join(KINDS)})"
             rule = _rule_at(data, p)
             problems.append(PolicyProblem(name, f"{p}: {msg}", rule=rule, line=line, column=col))
         return None, problems, text
@@ -232,12 +293,18 @@ class Policies:
         if not entries:
             problems.append(PolicyProblem(str(root), "no policy files (expected default.toml, tenants/*.toml)"))
         loaded: dict[str, _Loaded] = {}
+        broken: set[str] = set()  # files with structural problems: compiled only to list their CEL problems too
+        salvaged: dict[str, set[str]] = {}  # such a file -> the rules that had a structural problem
         for name, rel, text in entries:
             pause()
-            model, probs, _ = parse_policy_text(text, name, Path(rel).stem)
+            model, probs, salvage = _parse_text(text, name, Path(rel).stem)
             problems.extend(probs)
             if model is None:
-                continue
+                if salvage is None or salvage.name in loaded:
+                    continue
+                model = salvage
+                broken.add(model.name)
+                salvaged[name] = {p.rule for p in probs}
             if model.name in loaded:
                 line, col = _line_of_key(text, "name")
                 problems.append(PolicyProblem(name, f"policy {model.name!r} is also defined in "
@@ -255,8 +322,8 @@ class Policies:
             sources = [RuleSource(loaded[n].model, str(loaded[n].path), loaded[n].text, loaded[n].revision)
                        for n in chain]  # fmt: skip
             ps, probs = compile_policy(sources, functions)
-            problems.extend(PolicyProblem(**p) for p in probs)
-            if ps is not None:
+            problems.extend(p for p in map(lambda d: PolicyProblem(**d), probs) if not _from_salvage(p, salvaged))
+            if ps is not None and not broken.intersection(chain):
                 sets[name] = ps
         # A problem in a parent shows once per child: report each exactly once.
         unique = list(dict.fromkeys(problems))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 
 import click
@@ -43,9 +45,16 @@ def serve(config: str, host: str | None, port: int | None, workers: int | None) 
 @click.command("serve-token")
 @click.argument("tenant")
 def serve_token(tenant: str) -> None:
-    """Make a new random token for TENANT: prints the token (give it to the caller) and its config line."""
+    """Make a new random token for TENANT ("*": the operator): the token, and the config lines to paste."""
     from nexuskv_sidecar._config import digest
 
     token = secrets.token_urlsafe(32)
     click.echo(f"token: {token}")
-    click.echo(f'config: [auth] {tenant} = ["sha256:{digest(token).hex()}"]')
+    click.echo("paste into the sidecar's config file (add the line to its [auth] table if it has one):")
+    click.echo("[auth]")
+    click.echo(f'{toml_key(tenant)} = ["sha256:{digest(token).hex()}"]')
+
+
+def toml_key(name: str) -> str:
+    """`name` as a TOML key: bare when TOML allows it, else quoted (`"*"`, `"a.b"`)."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -63,10 +64,15 @@ def test_one_token_cannot_act_for_two_tenants(tmp_path):
         SidecarConfig.from_toml(write(tmp_path, f'[auth]\nchat = ["sha256:{h}"]\nrag = ["sha256:{h}"]'))
 
 
-def test_serve_token_prints_a_token_and_its_config_line():
-    out = subprocess.run([NEXUSKV, "serve-token", "chat"], capture_output=True, text=True, check=True).stdout
+@pytest.mark.parametrize("tenant", ["chat", "*", "team.a"])
+def test_serve_token_prints_a_token_and_config_lines_that_paste_into_toml(tmp_path, tenant):
+    """Issue 35: the printed lines are TOML as they stand (the operator's "*" and dotted names quoted)."""
+    out = subprocess.run([NEXUSKV, "serve-token", tenant], capture_output=True, text=True, check=True).stdout
     token = re.search(r"token: (\S+)", out).group(1)
-    assert f'[auth] chat = ["sha256:{digest(token).hex()}"]' in out
+    pasted = out[out.index("\n[auth]\n") + 1:]
+    assert tomllib.loads(pasted) == {"auth": {tenant: [f"sha256:{digest(token).hex()}"]}}
+    cfg = SidecarConfig.from_toml(write(tmp_path, f'kernel = "k.toml"\n{pasted}'))
+    assert cfg.tokens[digest(token)] == tenant
 
 
 def test_nexuskv_serve_runs_until_sigterm(tmp_path):

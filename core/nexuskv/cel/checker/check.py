@@ -339,7 +339,9 @@ class Checker:
         if n.method:
             if std.is_function(name, False):
                 raise self.error(n, f"{name}() is a function: use {name}(x)")
-            raise self.error(n, f"unknown method '{name}' on {args[0]}")
+            methods = [*_BUILTIN_METHODS, *(k for k in std.FUNCTIONS if std.is_function(k, True))]
+            methods += [d.name for d in self.env.functions.values() if getattr(d, "receiver", False)]
+            raise self.error(n, f"unknown method '{name}' on {args[0]}{_did_you_mean(name, methods)}")
         if std.is_function(name, True):
             raise self.error(n, f"{name}() is a method: use x.{name}(...)")
         known = [*self.env.functions, "size", "bytes_of", *(k for k in std.FUNCTIONS if std.is_function(k, False))]
@@ -365,6 +367,11 @@ def native_conversion(name: str, src: str) -> bool:
     if name == "bytes_of":
         return src in ("string", "int", "dyn")
     return name in ("duration", "timestamp") and src == "string"
+
+
+_BUILTIN_METHODS = ("contains", "startsWith", "endsWith", "matches", "size", "all", "exists", "exists_one", "map",
+                    "filter")  # fmt: skip
+"""Methods (and macros) the checker handles before the overload table: offered as did-you-mean too."""
 
 
 def _did_you_mean(name: str, candidates: Any) -> str:
