@@ -219,6 +219,14 @@ def test_nothing_held_recomputes_with_a_reason():
     assert plan.predicted.ttft_ms == pytest.approx(CostModel(default_profile()).prefill_ms(6 * PAGE))
 
 
+def test_nothing_usable_here_names_the_nodes_that_hold_the_prefix():
+    """Issue 35: a request for edge-3 whose prefix is held on gpu-0 (no peer transport) says where the state is."""
+    req, keys, idx = setup(["dram"] * 4 + [None] * 2, node="gpu-0")
+    plan = plan_of(make_planner(), req, keys, idx, node="edge-3").plan
+    assert plan.action == PlanAction.RECOMPUTE
+    assert plan.reasons[0] == "match: nothing reusable on edge-3; the prefix is held on gpu-0 (4 blocks)"
+
+
 def test_reuse_that_loses_recomputes_and_says_by_how_much():
     req, keys, idx = setup(["disk"] * 8)
     plan = plan_of(make_planner(), req, keys, idx, bandwidth_scale=SLOW_DISK).plan

@@ -133,7 +133,7 @@ def decide(
         by_tier = ", ".join(f"{t} {n}" for t, n in sorted(_blocks_per_tier(longest)))
         reasons.append(f"match: {held} of {len(request.token_ids) // page} blocks reusable ({by_tier})")
     else:
-        reasons.append("match: nothing reusable")
+        reasons.append(f"match: nothing reusable{_held_elsewhere(match, node)}")
     min_gain = float(policy.min_gain_ms) if policy is not None else 0.0
     chosen: Candidate | None = None
     ranked = _ranked(cands)
@@ -213,6 +213,23 @@ def choose_unruled(planner: Planner, cands: Sequence[Candidate], min_gain: float
         return chosen, ()
     longest = max(cands, key=lambda c: c.blocks)
     return chosen, tuple(_prefetch(planner, longest, chosen, prefetch_target, min_gain, page, node))
+
+
+def _held_elsewhere(match: Match, node: str, most: int = 3) -> str:
+    """` on n1; the prefix is held on gpu-0 (8 blocks)`: where the prefix is when `node` can use none of it."""
+    entries = match.entries
+    first = entries[0] if entries else None
+    if first is None:
+        return ""
+    others = sorted({loc.node for loc, _ in first.locations if loc.node != node})
+    if not others:
+        return f" on {node}" if node else ""
+    runs = []
+    for other in others[:most]:
+        n = next((i for i, h in enumerate(entries) if h is None or not h.mask_at(node=other)), len(entries))
+        runs.append(f"{other or 'this node'} ({n} block{'s' if n != 1 else ''})")
+    more = f" and {len(others) - most} more" if len(others) > most else ""
+    return f" on {node or 'this node'}; the prefix is held on {', '.join(runs)}{more}"
 
 
 def _blocks_per_tier(c: Candidate) -> list[tuple[str, int]]:

@@ -274,7 +274,8 @@ class Policies:
     @classmethod
     def _load(cls, root: Path, functions: Mapping[str, Any]) -> tuple[Policies, list[PolicyProblem]]:
         if not root.is_dir():
-            return cls(root), [PolicyProblem(str(root), "no such policy directory")]
+            where = "" if root.is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
+            return cls(root), [PolicyProblem(str(root), f"no such policy directory{where}")]
         entries: list[tuple[str, str, str]] = []
         problems: list[PolicyProblem] = []
         for path in policy_files(root):

@@ -24,6 +24,9 @@ log = get_logger("nexuskv_sidecar")
 _REPORTED_KEPT = 100_000  # decision ids remembered as reported (a report moves breakers once, however resent)
 
 
+_FORGED = "plan: its MAC does not check (not a plan this deployment made, or altered)"
+
+
 class Backend(Protocol):
     """The kernel's operations as the HTTP layer uses them."""
 
@@ -73,7 +76,12 @@ class KernelBackend:
         return {"accepted": result.accepted, "refused": result.refused}
 
     def materialize(self, plan: Plan, req: Request, with_payloads: bool) -> dict[str, Any]:
-        """Load and verify `plan`'s state: per block its descriptor (and base64 bytes with `with_payloads`)."""
+        """Load and verify `plan`'s state: per block its descriptor (and base64 bytes with `with_payloads`).
+
+        A plan whose MAC does not check is a 403, as on `/v1/report` (one answer for it on every endpoint).
+        """
+        if not self.kernel.plan_seal.check(plan):
+            raise ApiError(403, _FORGED)
         done = self.kernel.materialize(plan, req)
         states = []
         for (block, group), state in sorted(done.states.items()):
@@ -87,7 +95,7 @@ class KernelBackend:
     def report(self, plan: Plan, report: LoadReport, req: Request | None) -> dict[str, Any]:
         """Apply a load report of a plan this deployment sealed, once per plan: where to recompute from."""
         if not self.kernel.plan_seal.check(plan):
-            raise ApiError(403, "plan: its MAC does not check (not a plan this deployment made, or altered)")
+            raise ApiError(403, _FORGED)
         with self._reported_lock:  # breakers are shared: one plan moves them once, however resent
             if plan.decision_id in self._reported:
                 raise ApiError(409, f"plan {plan.decision_id} was reported already")

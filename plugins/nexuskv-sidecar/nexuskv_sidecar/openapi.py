@@ -53,7 +53,8 @@ def _op(summary: str, body: dict[str, Any] | None, answer: dict[str, Any], *, au
         "400": {"description": "Bad body: every field problem with its path", "content": {
             "application/json": {"schema": _ref("Error")}}},
         "401": {"description": "No token, or an unknown one"},
-        "403": {"description": "The token acts for another tenant"},
+        "403": {"description": "The token acts for another tenant, or (materialize, report) the plan's MAC does not "
+                               "check"},
     }}  # fmt: skip
     if body is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
