@@ -26,11 +26,16 @@ _DECIDING = ("reuse ", "recompute", "fail-open", "policy", "shared by")  # the r
 _BREAKER_STYLE = {"closed": "green", "open": "bold red", "half-open": "yellow"}
 
 
-def status_url(target: str) -> str:
-    """The `/status` URL of a kernel given as `host:port`, `http://host:port` or the status URL itself."""
+def status_url(target: str, sidecar: bool = False) -> str:
+    """The `/status` URL of a kernel given as `host:port`, `http://host:port` or the status URL itself.
+
+    `sidecar`: the target is a NexusKV sidecar, whose status is `/v1/status` (an operator token reads it).
+    """
     url = target if "://" in target else f"http://{target}"
     url = url.split("?", 1)[0].rstrip("/")  # the query is the view's own (`decisions=`)
-    return url if url.endswith("/status") else f"{url}/status"
+    if url.endswith("/status"):
+        return url
+    return f"{url}/v1/status" if sidecar else f"{url}/status"
 
 
 def _config_url(path: str) -> str:
@@ -44,22 +49,47 @@ def _config_url(path: str) -> str:
     return f"http://{host}:{cfg.metrics_port}"
 
 
-def fetch_status(url: str, decisions: int = 10, timeout: float = 2.0) -> tuple[dict[str, Any] | None, str]:
-    """(the node's status document, "") or (None, why it could not be read)."""
+def fetch_status(url: str, decisions: int = 10, timeout: float = 2.0,
+                 token: str | None = None) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
+    """(the node's status document, "") or (None, why it could not be read).
+
+    With `token`, the request carries it (a sidecar's `/v1/status` wants the operator's).
+    """
+    headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(f"{url}?decisions={decisions}", timeout=timeout) as resp:
+        req = urllib.request.Request(f"{url}?decisions={decisions}", headers=headers)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read()), ""
     except urllib.error.HTTPError as exc:
-        return None, f"HTTP {exc.code} {exc.reason}"
+        return None, f"HTTP {exc.code} {exc.reason}{_hint(url, exc.code, token, timeout)}"
     except urllib.error.URLError as exc:
         return None, str(exc.reason)
     except (OSError, ValueError, http.client.HTTPException) as exc:  # a timeout, a reset, a cut answer, not JSON
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def _fetch_all(urls: list[str], decisions: int) -> list[tuple[str, dict[str, Any] | None, str]]:
+def _hint(url: str, code: int, token: str | None, timeout: float) -> str:
+    """What the URL is, when it is not what was asked for: a sidecar asked for a kernel's status, or a bad token."""
+    if code in (401, 403):
+        return " (a sidecar's status needs its operator token: --token or NEXUSKV_TOKEN)"
+    if code != 404 or token:
+        return ""
+    base = url.removesuffix("/status")
+    try:
+        with urllib.request.urlopen(f"{base}/healthz", timeout=timeout) as resp:
+            doc = json.loads(resp.read())
+    except (OSError, ValueError, http.client.HTTPException):
+        return " (not a kernel's metrics endpoint: give the kernel's metrics_port URL)"
+    if isinstance(doc, dict) and "node" in doc:
+        return (" (this is a NexusKV sidecar: read its status with its operator token, --token or NEXUSKV_TOKEN, "
+                "or give the kernel's metrics_port URL)")  # fmt: skip
+    return " (not a kernel's metrics endpoint: give the kernel's metrics_port URL)"
+
+
+def _fetch_all(urls: list[str], decisions: int, token: str | None = None) -> list[tuple[str, dict[str, Any] | None,
+                                                                                        str]]:  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(urls), 16)) as pool:
-        got = list(pool.map(lambda u: fetch_status(u, decisions), urls))
+        got = list(pool.map(lambda u: fetch_status(u, decisions, token=token), urls))
     return [(u, doc, why) for u, (doc, why) in zip(urls, got, strict=True)]
 
 
@@ -170,13 +200,16 @@ def add_status_commands(cli: click.Group) -> None:
     @click.option("--decisions", type=click.IntRange(min=0), default=8, show_default=True,
                   help="How many of the last decisions to show.")
     @click.option("--json", "as_json", is_flag=True, help="Print each node's raw /status document (JSON lines).")
+    @click.option("--token", envvar="NEXUSKV_TOKEN", default=None,
+                  help="A sidecar's operator token: URL is then a sidecar, read at /v1/status (env NEXUSKV_TOKEN).")
     def status_cmd(urls: tuple[str, ...], configs: tuple[str, ...], watch: bool, interval: float, count: int | None,
-                   decisions: int, as_json: bool) -> None:  # fmt: skip
+                   decisions: int, as_json: bool, token: str | None) -> None:  # fmt: skip
         """Show running kernels: tiers, links, breakers, queues, policy revision, last decisions.
 
-        URL is a kernel's metrics endpoint, e.g. http://127.0.0.1:9400 (the kernel's `metrics_port`).
+        URL is a kernel's metrics endpoint, e.g. http://127.0.0.1:9400 (the kernel's `metrics_port`), or with
+        --token a sidecar's URL (`nexuskv serve`).
         """
-        targets = [status_url(u) for u in urls] + [status_url(_config_url(c)) for c in configs]
+        targets = [status_url(u, sidecar=bool(token)) for u in urls] + [status_url(_config_url(c)) for c in configs]
         if not targets:
             raise click.UsageError("name at least one kernel: URL (http://127.0.0.1:PORT) or --config FILE")
         if as_json:
@@ -185,7 +218,7 @@ def add_status_commands(cli: click.Group) -> None:
                 for i in range((count or sys.maxsize) if watch else 1):
                     if i:
                         time.sleep(interval)
-                    for url, doc, why in _fetch_all(targets, decisions):
+                    for url, doc, why in _fetch_all(targets, decisions, token):
                         ok = ok and doc is not None
                         if doc is None:
                             click.echo(f"unreachable: {url}: {why}", err=True)
@@ -201,16 +234,16 @@ def add_status_commands(cli: click.Group) -> None:
             raise click.ClickException("nexuskv status needs rich: pip install 'nexuskv[status]'") from None
         console = Console()
         if not watch:
-            results = _fetch_all(targets, decisions)
+            results = _fetch_all(targets, decisions, token)
             console.print(_view(results))
             sys.exit(0 if all(doc is not None for _, doc, _ in results) else 1)
         shown = 0
         try:
-            with Live(_view(_fetch_all(targets, decisions)), console=console, auto_refresh=False) as live:
+            with Live(_view(_fetch_all(targets, decisions, token)), console=console, auto_refresh=False) as live:
                 shown = 1
                 while count is None or shown < count:
                     time.sleep(interval)
-                    live.update(_view(_fetch_all(targets, decisions)), refresh=True)
+                    live.update(_view(_fetch_all(targets, decisions, token)), refresh=True)
                     shown += 1
         except KeyboardInterrupt:
             pass

@@ -112,6 +112,25 @@ def test_a_defect_in_the_kernel_still_answers_a_plan(sidecar, kernel, monkeypatc
     assert body["tokens_total"] == 64
 
 
+def test_nexuskv_status_reads_a_sidecar_with_its_token_and_says_so_without(sidecar):
+    """Issue 35: `nexuskv status` on a sidecar's URL answered a bare `HTTP 404 Not Found`."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from nexuskv.cli import cli
+
+    url = f"http://127.0.0.1:{sidecar.port}"
+    res = CliRunner().invoke(cli, ["status", url, "--json"])
+    assert res.exit_code == 1 and "HTTP 404 Not Found (this is a NexusKV sidecar" in res.output, res.output
+    assert "--token" in res.output
+    res = CliRunner().invoke(cli, ["status", url, "--json", "--token", TOKENS["chat"]])
+    assert res.exit_code == 1 and "HTTP 403" in res.output and "operator token" in res.output, res.output
+    res = CliRunner().invoke(cli, ["status", url, "--json"], env={"NEXUSKV_TOKEN": TOKENS["*"]})
+    assert res.exit_code == 0, res.output
+    assert _json.loads(res.output.splitlines()[0])["node"] == "n1"
+
+
 def test_status_health_and_the_openapi_document(sidecar, kernel):
     status, body = call(sidecar.port, "GET", "/v1/status", token=TOKENS["*"])
     assert status == 200 and body["node"] == "n1"
