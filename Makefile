@@ -18,13 +18,14 @@ SPY          := $(SGLANG_VENV)/bin/python
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 ARCH       := $(shell uname -m)
 
-.PHONY: setup demo test test-vllm vllm-setup test-sglang sglang-setup lint bench clean redis-server etcd-server libibverbs1
+.PHONY: setup demo test test-vllm vllm-setup test-sglang sglang-setup lint docs docs-serve bench clean redis-server \
+	etcd-server libibverbs1
 
 NATIVE_SRC := $(wildcard plugins/nexuskv-native/nexuskv_native/*.[ch])
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(NATIVE_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,status]' $(foreach p,$(PLUGINS),-e ./$(p))
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,status,docs]' $(foreach p,$(PLUGINS),-e ./$(p))
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -65,6 +66,14 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/nexuskv --log-level warning schema export --check
 
+# The documentation site (mkdocs.yml): docs/*.md with navigation, search and the API reference from docstrings.
+# Strict: a broken link or anchor, or a page left out of the navigation, fails the build (and so `make test`).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 # The etcd control plane's tests start their own etcd on 127.0.0.1; install Debian's when it is missing.
 etcd-server:
 	@command -v etcd >/dev/null || { $(SUDO) apt-get update -qq && \
@@ -76,7 +85,7 @@ libibverbs1:
 	@ldconfig -p | grep -q 'libibverbs\.so\.1 ' || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libibverbs1 >/dev/null; }
 
-test: lint redis-server etcd-server libibverbs1
+test: lint docs redis-server etcd-server libibverbs1
 	$(PY) -m pytest --ignore=plugins/nexuskv-vllm --ignore=plugins/nexuskv-sglang
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-sglang
@@ -103,4 +112,4 @@ bench: setup
 	$(PY) bench/identity.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache .hypothesis site
