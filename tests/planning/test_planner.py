@@ -224,7 +224,7 @@ def test_nothing_usable_here_names_the_nodes_that_hold_the_prefix():
     req, keys, idx = setup(["dram"] * 4 + [None] * 2, node="gpu-0")
     plan = plan_of(make_planner(), req, keys, idx, node="edge-3").plan
     assert plan.action == PlanAction.RECOMPUTE
-    assert plan.reasons[0] == "match: nothing reusable on edge-3; the prefix is held on gpu-0 (4 blocks)"
+    assert plan.reasons[0] == "match: nothing reusable on edge-3; the prefix is held on gpu-0"
 
 
 def test_reuse_that_loses_recomputes_and_says_by_how_much():

@@ -216,20 +216,17 @@ def choose_unruled(planner: Planner, cands: Sequence[Candidate], min_gain: float
 
 
 def _held_elsewhere(match: Match, node: str, most: int = 3) -> str:
-    """` on n1; the prefix is held on gpu-0 (8 blocks)`: where the prefix is when `node` can use none of it."""
-    entries = match.entries
-    first = entries[0] if entries else None
-    if first is None:
-        return ""
-    others = sorted({loc.node for loc, _ in first.locations if loc.node != node})
+    """` on n1; the prefix is held on gpu-0`: where the prefix is when `node` can use none of it ("" if nowhere).
+
+    Read from the match's distinct holdings (plain attributes: no call into the index on the plan's path).
+    """
+    others = sorted({loc.node for h in match.distinct if h is not None for loc, _ in h.locations
+                     if loc.node != node})  # fmt: skip
     if not others:
-        return f" on {node}" if node else ""
-    runs = []
-    for other in others[:most]:
-        n = next((i for i, h in enumerate(entries) if h is None or not h.mask_at(node=other)), len(entries))
-        runs.append(f"{other or 'this node'} ({n} block{'s' if n != 1 else ''})")
-    more = f" and {len(others) - most} more" if len(others) > most else ""
-    return f" on {node or 'this node'}; the prefix is held on {', '.join(runs)}{more}"
+        return ""
+    more = f" and {len(others) - most} more nodes" if len(others) > most else ""
+    holders = ", ".join(o or "this node" for o in others[:most])
+    return f" on {node or 'this node'}; the prefix is held on {holders}{more}"
 
 
 def _blocks_per_tier(c: Candidate) -> list[tuple[str, int]]:
