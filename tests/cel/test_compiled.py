@@ -661,10 +661,13 @@ def test_time():
     assert ev("now > timestamp('2023-06-01T12:00:00.5Z')") is True
     assert compile_expr("now - now", ENV).type == DURATION
     ev_error("timestamp('9999-12-31T23:59:59Z') + duration('1h')", "out of range")
+    # malformed literals: evaluation errors, as the spec (and cel-cpp) has them; policies refuse them at load
+    ev_error("duration('soon')", "invalid duration")
+    ev_error("timestamp('2024-13-01T00:00:00Z')", "timestamp")
     with pytest.raises(CelTypeError, match=r"invalid argument to duration\(\)"):
-        compile_expr("duration('soon')", ENV)
+        compile_expr("duration('soon')", ENV, strict_literals=True)
     with pytest.raises(CelTypeError, match=r"invalid argument to timestamp\(\)"):
-        compile_expr("timestamp('2024-13-01T00:00:00Z')", ENV)
+        compile_expr("timestamp('2024-13-01T00:00:00Z')", ENV, strict_literals=True)
     ev_error("duration(s)", "invalid duration")
 
 

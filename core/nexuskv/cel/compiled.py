@@ -115,24 +115,28 @@ def compile_expr(
     container: str = "",
     checked: bool = True,
     macros: bool = True,
+    strict_literals: bool = False,
 ) -> Compiled:
     """Parse, type-check, bound the cost of and compile a CEL expression.
 
     `container` is the namespace names resolve in (`c` in container `a.b` tries `a.b.c`, `a.c`, `c`);
     `checked=False` is CEL's parse-only mode (what the checker would reject fails when evaluated instead);
-    `macros=False` parses `has`, `all`, `exists`... as plain calls. Raises CelSyntaxError, CelTypeError
-    (also when the result type is not `expect`) or CelCostError.
+    `macros=False` parses `has`, `all`, `exists`... as plain calls. A malformed literal `duration("1x")` or
+    `timestamp("nope")` is an evaluation error, as the spec has it; `strict_literals=True` (policies) refuses it
+    at compile time instead, as a located CelTypeError. Raises CelSyntaxError, CelTypeError (also when the result
+    type is not `expect`) or CelCostError.
     """
     if not isinstance(source, str):
         raise TypeError(f"CEL source must be a string, not {type(source).__name__}")
     try:
-        return _compile(source, env, expect, cost_limit, container, checked, macros)
+        return _compile(source, env, expect, cost_limit, container, checked, macros, strict_literals)
     except RecursionError:
         raise CelSyntaxError("expression is nested too deeply", 1, 1, source) from None
 
 
 def _compile(
-    source: str, env: Env, expect: CelType | None, cost_limit: int, container: str, checked: bool, macros: bool
+    source: str, env: Env, expect: CelType | None, cost_limit: int, container: str, checked: bool, macros: bool,
+    strict_literals: bool = False,
 ) -> Compiled:
     root = parse(source, macros=macros)
     checker = Checker(env, source, container, checked)
@@ -146,7 +150,7 @@ def _compile(
     if cost > cost_limit:
         raise _cost_error(root, env, cost, cost_limit, source)
     try:
-        root = fold(root, env, source)
+        root = fold(root, env, source, strict_literals)
     except CelTypeError as exc:
         exc.source = source
         raise

@@ -130,7 +130,7 @@ def _compile_cached(expr: str, env: Env, expect: CelType | None, cost_limit: int
             _CACHE.move_to_end(key)
     if got is None:
         try:
-            got = compile_expr(expr, env, expect=expect, cost_limit=cost_limit)
+            got = compile_expr(expr, env, expect=expect, cost_limit=cost_limit, strict_literals=True)
         except CelError as exc:
             got = exc
         _remember(key, got)

@@ -65,9 +65,13 @@ def runtime_globals(consts: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- folding
 
 
-def fold(n: Node, env: Env, source: str) -> Node:
-    """Evaluate pure sub-trees whose operands are all literals (bytes_of("4GiB") -> 4294967296)."""
-    n.args = [fold(a, env, source) for a in n.args]
+def fold(n: Node, env: Env, source: str, strict_literals: bool = False) -> Node:
+    """Evaluate pure sub-trees whose operands are all literals (bytes_of("4GiB") -> 4294967296).
+
+    A malformed `bytes_of` literal is a located compile error; a malformed `duration` or `timestamp` literal only
+    with `strict_literals` (policies), else it stays for run time, where the spec makes it an evaluation error.
+    """
+    n.args = [fold(a, env, source, strict_literals) for a in n.args]
     if n.op not in FOLDABLE or not all(a.op == "lit" for a in n.args):
         return n
     if n.op == "call" and (n.value in env.functions or n.value == "matches"):
@@ -80,7 +84,8 @@ def fold(n: Node, env: Env, source: str) -> Node:
     except CelEvalError as exc:
         if SIZE_LIMIT in exc.message:  # a literal expression that would build a huge value: a located load error
             raise CelTypeError(exc.message, n.line, n.col, source) from None
-        if n.op == "call" and n.value in FOLD_AT_COMPILE and not any(m in exc.message for m in _RUN_TIME_ONLY):
+        strict = n.op == "call" and (n.value == "bytes_of" or strict_literals)
+        if strict and n.value in FOLD_AT_COMPILE and not any(m in exc.message for m in _RUN_TIME_ONLY):
             # malformed text is a mistake worth a load-time error; a value out of range is a run-time error
             raise CelTypeError(
                 f"invalid argument to {n.value}(): {exc.message}", n.line, n.col, source

@@ -44,12 +44,6 @@ _MAX_DURATION_NS = MAX_DURATION_S * 1_000_000_000
 _MAX_DIFFERENCE_NS = dur_ns(MAX_TIME_DIFFERENCE)
 
 
-def _duration_of(ns: int, pos: int) -> _dt.timedelta:
-    if -_MAX_DURATION_NS <= ns <= _MAX_DURATION_NS:
-        return make_dur(ns)
-    err("duration out of range", pos)
-
-
 def _timestamp_of(ns: int, pos: int) -> _dt.datetime:
     try:
         return make_ts(ns)
@@ -60,8 +54,21 @@ def _timestamp_of(ns: int, pos: int) -> _dt.datetime:
 _PLAIN = (_dt.datetime, _dt.timedelta)
 
 
+def _sum_of_durations(ns: int, pos: int) -> _dt.timedelta:
+    """A duration made by adding or subtracting durations, which must fit int64 nanoseconds.
+
+    cel-cpp and cel-go compute it so and report an overflow, though a literal may reach the protobuf range of
+    10,000 years.
+    """
+    if -_MAX_DIFFERENCE_NS <= ns <= _MAX_DIFFERENCE_NS:
+        return make_dur(ns)
+    err("duration arithmetic overflows int64 nanoseconds", pos)
+
+
 def tadd(a: Any, b: Any, pos: int = -1) -> Any:
     """timestamp + duration, duration + timestamp, duration + duration, to the nanosecond, range-checked."""
+    if isinstance(a, _dt.timedelta) and isinstance(b, _dt.timedelta):
+        return _sum_of_durations(dur_ns(a) + dur_ns(b), pos)
     if type(a) in _PLAIN and type(b) in _PLAIN:  # whole microseconds: Python's own arithmetic is exact
         try:
             r = a + b
@@ -71,7 +78,7 @@ def tadd(a: Any, b: Any, pos: int = -1) -> Any:
     if isinstance(a, _dt.datetime) or isinstance(b, _dt.datetime):
         t, d = (a, b) if isinstance(a, _dt.datetime) else (b, a)
         return _timestamp_of(ts_ns(t) + dur_ns(d), pos)
-    return _duration_of(dur_ns(a) + dur_ns(b), pos)
+    return _sum_of_durations(dur_ns(a) + dur_ns(b), pos)
 
 
 def tsub(a: Any, b: Any, pos: int = -1) -> Any:
@@ -91,7 +98,7 @@ def tsub(a: Any, b: Any, pos: int = -1) -> Any:
             except OverflowError:
                 err("timestamp out of range", pos)
         return _timestamp_of(ts_ns(a) - dur_ns(b), pos)
-    return _duration_of(dur_ns(a) - dur_ns(b), pos)
+    return _sum_of_durations(dur_ns(a) - dur_ns(b), pos)
 
 
 _DURATION_UNITS = {

@@ -115,6 +115,8 @@ def time_part(name: str) -> Callable[..., int]:
     part = _PARTS[name]
 
     def accessor(t: _dt.datetime, zone: str | None = None) -> int:
+        if type(t) is not _dt.datetime:  # a NanoTimestamp: its arithmetic is UTC's, which zoneinfo's fromutc undid
+            t = _dt.datetime(t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond, tzinfo=t.tzinfo)
         local = t.astimezone(_zone(zone)) if zone is not None else t.astimezone(_dt.UTC)
         return part(local)
 

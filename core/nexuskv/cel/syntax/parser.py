@@ -224,6 +224,8 @@ class _Builder:
     def not_reserved(self, tok: lark.Token) -> None:
         if str(tok) in _RESERVED:
             raise self.syntax(f"{str(tok)!r} is a reserved word", tok.line or 1, tok.column or 1)
+        if str(tok) == "in":  # an operator, never an identifier (cel-spec's IDENT excludes it)
+            raise self.syntax("'in' is an operator, not an identifier", tok.line or 1, tok.column or 1)
 
     def op_pos(self, left_tree: lark.Tree, right: Node, op: str) -> tuple[int, int]:
         meta = left_tree.meta
