@@ -34,6 +34,8 @@ def test_generated_expressions_agree_with_the_official_cel(kind):
     ('duration("1x") == duration("1s")', "bool", ("error", None)),  # malformed literal: an evaluation error
     ('timestamp("nope") == timestamp("2020-01-01T00:00:00Z")', "bool", ("error", None)),
     ('duration("9223372036s") + duration("1s") > duration("1s")', "bool", ("error", None)),  # int64 ns overflow
+    ('duration("9223372036.854775807s") + duration("0s") > duration("1s")', "bool", ("value", ("bool", True))),
+    ('duration("-9223372036.854775808s") - duration("0s") < duration("1s")', "bool", ("value", ("bool", True))),
     ('timestamp("2020-01-01T00:00:00.123456789Z").getHours("America/New_York")', "int", ("value", ("int", 19))),
     ('timestamp("2020-01-01T00:00:00.1234567Z").getMinutes("Asia/Kolkata")', "int", ("value", ("int", 30))),
 ])  # fmt: skip

@@ -86,3 +86,47 @@ def test_config_names_the_port_and_a_config_without_one_is_a_usage_error(tmp_pat
     assert res.exit_code == 2 and "no fixed metrics_port" in res.output
     res = CliRunner().invoke(cli, ["status"])
     assert res.exit_code == 2 and "name at least one kernel" in res.output
+
+
+def test_a_token_never_follows_a_redirect_and_a_kernel_read_with_one_says_so(served):
+    """Review findings: urllib copied the operator token to whatever host a redirect named; a kernel read with a
+    token (NEXUSKV_TOKEN exported) answered a bare 404."""
+    import http.server
+    import threading
+
+    seen: list[str | None] = []
+
+    class Thief(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("authorization"))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"node": "stolen"}')
+
+        def log_message(self, *args):
+            pass
+
+    thief = http.server.HTTPServer(("127.0.0.1", 0), Thief)
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{thief.server_port}/steal")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    redirect = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    for srv in (thief, redirect):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        res = CliRunner().invoke(cli, ["status", f"http://127.0.0.1:{redirect.server_port}", "--json",
+                                       "--token", "OPERATOR-SECRET"])  # fmt: skip
+        assert res.exit_code == 1 and "HTTP 302" in res.output and seen == [], (res.output, seen)
+    finally:
+        for srv in (thief, redirect):
+            srv.shutdown()
+    res = CliRunner().invoke(cli, ["status", f"http://127.0.0.1:{served.metrics.port}", "--json"],
+                             env={"NEXUSKV_TOKEN": "tok"})  # fmt: skip
+    assert res.exit_code == 1 and "not a sidecar?" in res.output, res.output

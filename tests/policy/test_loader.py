@@ -90,6 +90,15 @@ def test_a_file_with_structural_problems_still_has_its_cel_problems_listed_and_n
         Policies.load(tmp_path)
 
 
+def test_every_cel_problem_of_a_rule_with_a_mistyped_key_is_listed(tmp_path):
+    """Review finding: a rule's `match` and `max_tokens` problems and a broken variable were dropped beside a typo."""
+    files = {"default.toml": 'nmae = "x"\n\n[variables]\nv = "request.nope"\n\n[[reuse]]\nname = "r"\n'
+                             'when = "true"\nmatch = ["request.tenantt == 1"]\nmax_tokens = "request.x"\n'
+                             'effct = "warn"\n'}  # fmt: skip
+    got = sorted(p.message.split(":")[0] for p in check(tmp_path, files))
+    assert got == ["match[0]", "max_tokens", "nmae", "reuse[0].effct", "variable 'v'"], got
+
+
 def test_unknown_key_in_a_rule_is_located_at_its_line(tmp_path):
     text = """
         [[admit]]

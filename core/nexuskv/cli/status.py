@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -58,7 +59,8 @@ def fetch_status(url: str, decisions: int = 10, timeout: float = 2.0,
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
         req = urllib.request.Request(f"{url}?decisions={decisions}", headers=headers)
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        opener = _NO_REDIRECTS if token else urllib.request.urlopen  # a token never follows a redirect elsewhere
+        with opener(req, timeout=timeout) as resp:
             return json.loads(resp.read()), ""
     except urllib.error.HTTPError as exc:
         return None, f"HTTP {exc.code} {exc.reason}{_hint(url, exc.code, token, timeout)}"
@@ -68,16 +70,28 @@ def fetch_status(url: str, decisions: int = 10, timeout: float = 2.0,
         return None, f"{type(exc).__name__}: {exc}"
 
 
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Answers a redirect with its own HTTP error instead of following it (with the token) to another URL."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirects).open
+
+
 def _hint(url: str, code: int, token: str | None, timeout: float) -> str:
     """What the URL is, when it is not what was asked for: a sidecar asked for a kernel's status, or a bad token."""
     if code in (401, 403):
         return " (a sidecar's status needs its operator token: --token or NEXUSKV_TOKEN)"
-    if code != 404 or token:
+    if code == 404 and token:
+        return " (not a sidecar? a kernel's metrics port is read without --token / NEXUSKV_TOKEN)"
+    if code != 404:
         return ""
     base = url.removesuffix("/status")
     try:
         with urllib.request.urlopen(f"{base}/healthz", timeout=timeout) as resp:
-            doc = json.loads(resp.read())
+            doc = json.loads(resp.read(65536))
     except (OSError, ValueError, http.client.HTTPException):
         return " (not a kernel's metrics endpoint: give the kernel's metrics_port URL)"
     if isinstance(doc, dict) and "node" in doc:
@@ -86,10 +100,12 @@ def _hint(url: str, code: int, token: str | None, timeout: float) -> str:
     return " (not a kernel's metrics endpoint: give the kernel's metrics_port URL)"
 
 
-def _fetch_all(urls: list[str], decisions: int, token: str | None = None) -> list[tuple[str, dict[str, Any] | None,
-                                                                                        str]]:  # fmt: skip
+def _fetch_all(urls: list[str], decisions: int,
+               tokens: Mapping[str, str] | None = None) -> list[tuple[str, dict[str, Any] | None, str]]:  # fmt: skip
+    """Every URL's status; `tokens[url]` is sent to that URL alone (the sidecars named on the command line)."""
+    tokens = tokens or {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(urls), 16)) as pool:
-        got = list(pool.map(lambda u: fetch_status(u, decisions, token=token), urls))
+        got = list(pool.map(lambda u: fetch_status(u, decisions, token=tokens.get(u)), urls))
     return [(u, doc, why) for u, (doc, why) in zip(urls, got, strict=True)]
 
 
@@ -209,7 +225,9 @@ def add_status_commands(cli: click.Group) -> None:
         URL is a kernel's metrics endpoint, e.g. http://127.0.0.1:9400 (the kernel's `metrics_port`), or with
         --token a sidecar's URL (`nexuskv serve`).
         """
-        targets = [status_url(u, sidecar=bool(token)) for u in urls] + [status_url(_config_url(c)) for c in configs]
+        named = [status_url(u, sidecar=bool(token)) for u in urls]
+        targets = named + [status_url(_config_url(c)) for c in configs]
+        tokens = dict.fromkeys(named, token) if token else {}  # a kernel from --config never gets the token
         if not targets:
             raise click.UsageError("name at least one kernel: URL (http://127.0.0.1:PORT) or --config FILE")
         if as_json:
@@ -218,7 +236,7 @@ def add_status_commands(cli: click.Group) -> None:
                 for i in range((count or sys.maxsize) if watch else 1):
                     if i:
                         time.sleep(interval)
-                    for url, doc, why in _fetch_all(targets, decisions, token):
+                    for url, doc, why in _fetch_all(targets, decisions, tokens):
                         ok = ok and doc is not None
                         if doc is None:
                             click.echo(f"unreachable: {url}: {why}", err=True)
@@ -234,16 +252,16 @@ def add_status_commands(cli: click.Group) -> None:
             raise click.ClickException("nexuskv status needs rich: pip install 'nexuskv[status]'") from None
         console = Console()
         if not watch:
-            results = _fetch_all(targets, decisions, token)
+            results = _fetch_all(targets, decisions, tokens)
             console.print(_view(results))
             sys.exit(0 if all(doc is not None for _, doc, _ in results) else 1)
         shown = 0
         try:
-            with Live(_view(_fetch_all(targets, decisions, token)), console=console, auto_refresh=False) as live:
+            with Live(_view(_fetch_all(targets, decisions, tokens)), console=console, auto_refresh=False) as live:
                 shown = 1
                 while count is None or shown < count:
                     time.sleep(interval)
-                    live.update(_view(_fetch_all(targets, decisions, token)), refresh=True)
+                    live.update(_view(_fetch_all(targets, decisions, tokens)), refresh=True)
                     shown += 1
         except KeyboardInterrupt:
             pass

@@ -159,7 +159,10 @@ def _duration_text(text: str) -> float:
 def compile_policy(
     chain: Sequence[RuleSource], functions: Mapping[str, FunctionDecl] | None = None
 ) -> tuple[PolicySet | None, list[dict[str, Any]]]:
-    """Compile an `extends` chain (child first) into a `PolicySet`; return it (None on problems) and problems."""
+    """Compile an `extends` chain (child first) into a `PolicySet`; return it (None on problems) and problems.
+
+    Each problem is a dict of `PolicyProblem`'s fields and `cel`: True when a CEL expression itself is wrong.
+    """
     problems: list[dict[str, Any]] = []
     child = chain[0]
 
@@ -198,7 +201,8 @@ def compile_policy(
         else:
             line, col = _locate(src.text, where, expr, *(at or (None, None)))
             msg = f"{what}: {exc}" if what else exc
-        problems.append({"file": src.path, "rule": rule, "message": msg, "line": line, "column": col})
+        problems.append({"file": src.path, "rule": rule, "message": msg, "line": line, "column": col,
+                         "cel": isinstance(exc, CelError)})  # the loader tells an expression's own problems apart
 
     funcs = dict(functions or {})
     compiled_vars: dict[str, dict[str, Compiled]] = {}

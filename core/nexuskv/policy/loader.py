@@ -124,16 +124,13 @@ def _parse_text(text: str, name: str,
     return model, tuple(problems), salvaged
 
 
-_EXPRESSION = re.compile(r"(when|\w+_expr|variables\.\w+): ")
+def _kept(p: dict[str, Any], salvaged: Mapping[str, set[str]]) -> bool:
+    """False for a problem that only follows from the keys a salvaged file lost (a rule missing its removed weight).
 
-
-def _from_salvage(p: PolicyProblem, salvaged: Mapping[str, set[str]]) -> bool:
-    """True for a problem that only follows from the keys a salvaged file lost (a rule missing its removed weight).
-
-    An expression's own problem is kept: it is the file's, whatever else is wrong with it.
+    A CEL expression's own problem is kept: it is the file's, whatever else is wrong with it.
     """
-    rules = salvaged.get(p.file)
-    return rules is not None and p.rule in rules and not _EXPRESSION.match(p.message)
+    rules = salvaged.get(p["file"])
+    return bool(p.get("cel")) or rules is None or p["rule"] not in rules
 
 
 _PATH_PART = re.compile(r"\.?([A-Za-z_]\w*)|\[(\d+)\]")
@@ -323,7 +320,8 @@ class Policies:
             sources = [RuleSource(loaded[n].model, str(loaded[n].path), loaded[n].text, loaded[n].revision)
                        for n in chain]  # fmt: skip
             ps, probs = compile_policy(sources, functions)
-            problems.extend(p for p in map(lambda d: PolicyProblem(**d), probs) if not _from_salvage(p, salvaged))
+            problems.extend(PolicyProblem(**{k: v for k, v in d.items() if k != "cel"}) for d in probs
+                            if _kept(d, salvaged))  # fmt: skip
             if ps is not None and not broken.intersection(chain):
                 sets[name] = ps
         # A problem in a parent shows once per child: report each exactly once.

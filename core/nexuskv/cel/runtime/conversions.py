@@ -60,7 +60,7 @@ def _sum_of_durations(ns: int, pos: int) -> _dt.timedelta:
     cel-cpp and cel-go compute it so and report an overflow, though a literal may reach the protobuf range of
     10,000 years.
     """
-    if -_MAX_DIFFERENCE_NS <= ns <= _MAX_DIFFERENCE_NS:
+    if -(1 << 63) <= ns <= (1 << 63) - 1:
         return make_dur(ns)
     err("duration arithmetic overflows int64 nanoseconds", pos)
 
