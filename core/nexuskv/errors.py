@@ -5,7 +5,9 @@ Each error carries enough context (field path, file, rule, plugin name) to be ac
 
 from __future__ import annotations
 
+import difflib
 import time
+from collections.abc import Iterable
 
 
 class NexusKVError(Exception):
@@ -61,3 +63,12 @@ def check_deadline(deadline: float | None, stage: str) -> None:
     """Raise `DeadlinePassed(stage)` once the `time.perf_counter()` value `deadline` has passed (None: never)."""
     if deadline is not None and time.perf_counter() > deadline:
         raise DeadlinePassed(stage)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the closest of `candidates` to a mistyped `name`, or "" when none is close.
+
+    The one suggestion of every "unknown ..." message: CEL names, contract fields, policy rule kinds.
+    """
+    close = difflib.get_close_matches(name, sorted(candidates), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import array
 import collections.abc
 import copy
-import difflib
 import enum
 import functools
 import types
@@ -32,7 +31,7 @@ except ImportError:  # pragma: no cover - orjson comes with the sidecar; the ker
 
     _ORJSON = False
 
-from nexuskv.errors import ContractError, SchemaVersionError
+from nexuskv.errors import ContractError, SchemaVersionError, did_you_mean
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 ID_BASE = "https://nexuskv.dev/schemas/"
@@ -206,12 +205,6 @@ def format_path(parts: typing.Iterable[Any]) -> str:
             p = repr(str(p))  # a hostile key ("", "a\nb", "x.y") is quoted: a path stays one unambiguous line
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
     return out or "<root>"
-
-
-def did_you_mean(name: str, candidates: typing.Iterable[str]) -> str:
-    """` (did you mean 'x'?)` for the closest of `candidates` to a mistyped `name`, or "" when none is close."""
-    close = difflib.get_close_matches(name, sorted(candidates), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _problems(err: jsonschema.ValidationError) -> list[tuple[str, str]]:

@@ -20,7 +20,7 @@ import attrs
 from attrs import define, field
 
 from nexuskv.contracts import schema
-from nexuskv.errors import ContractError, NexusKVError
+from nexuskv.errors import ContractError, NexusKVError, did_you_mean
 from nexuskv.policy import positions
 from nexuskv.policy.bundle import PolicyBundle, bundle_revision, policy_files
 from nexuskv.policy.compiler import compile_policy
@@ -117,10 +117,7 @@ def parse_policy_text(text: str, name: str, stem: str) -> tuple[PolicyFile | Non
 def _parse_text(text: str, name: str,
                 stem: str) -> tuple[PolicyFile | None, tuple[PolicyProblem, ...], PolicyFile | None]:  # fmt: skip
     """The model (None on problems), the problems, and the file less its bad keys (to find its CEL problems too)."""
-    model, problems, _ = _parse_uncached(text, name, stem)
-    salvaged = model
-    if model is None and problems and problems[0].line is not None and "TOML syntax" not in problems[0].message:
-        salvaged = _salvage(text, stem)
+    model, problems, salvaged = _parse_uncached(text, name, stem)
     return model, tuple(problems), salvaged
 
 
@@ -136,18 +133,12 @@ def _kept(p: dict[str, Any], salvaged: Mapping[str, set[str]]) -> bool:
 _PATH_PART = re.compile(r"\.?([A-Za-z_]\w*)|\[(\d+)\]")
 
 
-def _salvage(text: str, stem: str) -> PolicyFile | None:
-    """The file with every key that has a structural problem removed, validated; None when that does not validate.
+def _salvage(data: Mapping[str, Any], paths: Sequence[str], stem: str) -> PolicyFile | None:
+    """`data` less every key of `paths` (its structural problems), validated; None when that does not validate.
 
     Only ever compiled to report the file's CEL problems beside its structural ones: a file with problems is never
     used.
     """
-    data = tomllib.loads(text)
-    try:
-        schema.structure(PolicyFile, data)
-        return None
-    except ContractError as exc:
-        paths = [p for p, _ in exc.problems]
     data = copy.deepcopy(data)
     for path in paths:
         parts: list[str | int] = []
@@ -176,14 +167,16 @@ def _salvage(text: str, stem: str) -> PolicyFile | None:
     return attrs.evolve(model, name=stem)
 
 
-def _parse_uncached(text: str, name: str, stem: str) -> tuple[PolicyFile | None, list[PolicyProblem], str]:
+def _parse_uncached(text: str, name: str,
+                    stem: str) -> tuple[PolicyFile | None, list[PolicyProblem], PolicyFile | None]:  # fmt: skip
+    """(model, [], None), or (None, problems, the salvaged file when structural problems allow one)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         m = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
         line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
-        return None, [PolicyProblem(name, f"TOML syntax error: {msg}", line=line, column=col)], text
+        return None, [PolicyProblem(name, f"TOML syntax error: {msg}", line=line, column=col)], None
     pause()
     try:
         model = schema.structure(PolicyFile, data)
@@ -192,18 +185,18 @@ def _parse_uncached(text: str, name: str, stem: str) -> tuple[PolicyFile | None,
         for p, msg in exc.problems:
             line, col = _line_of_key(text, p)
             if msg.startswith("unknown field") and "." not in p and "[" not in p and _is_table_array(data.get(p)):
-                msg = f"unknown rule kind{schema.did_you_mean(p, KINDS)} (one of {', '.join(KINDS)})"
+                msg = f"unknown rule kind{did_you_mean(p, KINDS)} (one of {', '.join(KINDS)})"
             rule = _rule_at(data, p)
             problems.append(PolicyProblem(name, f"{p}: {msg}", rule=rule, line=line, column=col))
-        return None, problems, text
+        return None, problems, _salvage(data, [p for p, _ in exc.problems], stem)
     if not model.name:
         model = attrs.evolve(model, name=stem)
     elif model.name != stem:  # loaded under the other name, it would never apply to the tenant the file is named for
         line, col = _line_of_key(text, "name")
         return None, [PolicyProblem(name, f'name "{model.name}" differs from the file name "{stem}", so this policy '
                                     f'would never apply as "{stem}": rename the file to {model.name}.toml, or set '
-                                    f'name = "{stem}" (or leave name out)', line=line, column=col)], text  # fmt: skip
-    return model, [], text
+                                    f'name = "{stem}" (or leave name out)', line=line, column=col)], None  # fmt: skip
+    return model, [], None
 
 
 def _is_table_array(value: Any) -> bool:

@@ -7,9 +7,6 @@ functions), rejecting unknown names (with a did-you-mean), wrong operand types a
 
 from __future__ import annotations
 
-import difflib
-from typing import Any
-
 from nexuskv.cel.checker import generics as generic
 from nexuskv.cel.checker import names as resolve
 from nexuskv.cel.checker import sizes
@@ -34,6 +31,7 @@ from nexuskv.cel.types import (
     list_of,
     map_of,
 )
+from nexuskv.errors import did_you_mean
 
 # --------------------------------------------------------------------------------------------- checker
 
@@ -106,7 +104,7 @@ class Checker:
             if not self.checked:
                 return DYN
             raise self.error(
-                n, f"undeclared variable '{name}'{_did_you_mean(name, [*scope, *self.env.variables])}"
+                n, f"undeclared variable '{name}'{did_you_mean(name, [*scope, *self.env.variables])}"
             )
         if op == "select" and resolve.qualify(n, scope, self.declared, self.container):
             return self._check(n, scope)
@@ -119,7 +117,7 @@ class Checker:
             if ot.kind == "message":
                 fields = ot.fields()
                 if field not in fields:
-                    raise self.error(n, f"unknown field '{field}' on {ot}{_did_you_mean(field, fields)}")
+                    raise self.error(n, f"unknown field '{field}' on {ot}{did_you_mean(field, fields)}")
                 return BOOL if op == "has" else fields[field]
             if ot.kind == "map":
                 if ot.key.kind not in ("string", "dyn"):
@@ -291,7 +289,7 @@ class Checker:
             ns = resolve.namespace_of(n, scope, self.declared)
             if ns is not None and any(k.startswith(ns + ".") for k in std.FUNCTIONS):
                 name = f"{ns}.{n.value}"
-                raise self.error(n, f"unknown function '{name}'{_did_you_mean(name, std.FUNCTIONS)}")
+                raise self.error(n, f"unknown function '{name}'{did_you_mean(name, std.FUNCTIONS)}")
         name = n.value
         args = [self.check(a, scope) for a in n.args]
         decl = self.env.functions.get(name)
@@ -341,11 +339,11 @@ class Checker:
                 raise self.error(n, f"{name}() is a function: use {name}(x)")
             methods = [*_BUILTIN_METHODS, *(k for k in std.FUNCTIONS if std.is_function(k, True))]
             methods += [d.name for d in self.env.functions.values() if getattr(d, "receiver", False)]
-            raise self.error(n, f"unknown method '{name}' on {args[0]}{_did_you_mean(name, methods)}")
+            raise self.error(n, f"unknown method '{name}' on {args[0]}{did_you_mean(name, methods)}")
         if std.is_function(name, True):
             raise self.error(n, f"{name}() is a method: use x.{name}(...)")
         known = [*self.env.functions, "size", "bytes_of", *(k for k in std.FUNCTIONS if std.is_function(k, False))]
-        raise self.error(n, f"unknown function '{name}'{_did_you_mean(name, known)}")
+        raise self.error(n, f"unknown function '{name}'{did_you_mean(name, known)}")
 
     def plugin(self, n: Node, decl: FunctionDecl, args: list[CelType]) -> CelType:
         style = f"x.{decl.name}(...)" if decl.receiver else f"{decl.name}(...)"
@@ -372,8 +370,3 @@ def native_conversion(name: str, src: str) -> bool:
 _BUILTIN_METHODS = ("contains", "startsWith", "endsWith", "matches", "size", "all", "exists", "exists_one", "map",
                     "filter")  # fmt: skip
 """Methods (and macros) the checker handles before the overload table: offered as did-you-mean too."""
-
-
-def _did_you_mean(name: str, candidates: Any) -> str:
-    close = difflib.get_close_matches(name, list(candidates), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
