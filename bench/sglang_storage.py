@@ -46,17 +46,17 @@ def _burn(stop) -> None:  # another process keeping one core busy
             x += 1
 
 
-def host_pool():
-    """SGLang's real device and host MHA pools on the CPU, room for two reads of `PAGES` pages."""
+def host_pool(page: int = PAGE, layers: int = LAYERS, heads: int = HEADS, dim: int = DIM, pages: int = PAGES):
+    """SGLang's real device and host MHA pools on the CPU, room for two reads of `pages` pages."""
     import torch
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
-    dev = MHATokenToKVPool(2 * PAGES * PAGE, PAGE, torch.bfloat16, HEADS, DIM, LAYERS, "cpu", False, start_layer=0,
-                           end_layer=LAYERS - 1)  # fmt: skip
+    dev = MHATokenToKVPool(2 * pages * page, page, torch.bfloat16, heads, dim, layers, "cpu", False, start_layer=0,
+                           end_layer=layers - 1)  # fmt: skip
     info = dev.get_device_pool_infos()[0].buffer_info
-    return MHATokenToKVPoolHost(info, 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
-                                device_capacity_tokens=dev.size, start_layer=0, end_layer=LAYERS - 1,
+    return MHATokenToKVPoolHost(info, 2.0, 0, page, "page_first", pin_memory=False, device="cpu",
+                                device_capacity_tokens=dev.size, start_layer=0, end_layer=layers - 1,
                                 write_back_staging=dev.hicache_write_back_staging)  # fmt: skip
 
 
@@ -173,7 +173,6 @@ def read_bench(tmp: Path) -> None:
 
 def slow_tier_bench(tmp: Path) -> None:
     import attrs
-    import torch
     from nexuskv_sglang.backend import NexusKVStorage
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile
 
@@ -193,13 +192,7 @@ def slow_tier_bench(tmp: Path) -> None:
     pages = quick(8, 4)
     with Kernel(KernelConfig(node="bench", page_size=4, policies=str(policies), profile=str(profile), tiers=tiers,
                              decision_log_level="off"), secret=os.urandom(32)) as k:  # fmt: skip
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-        from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-
-        dev = MHATokenToKVPool(64, 4, torch.bfloat16, 2, 64, 4, "cpu", False, start_layer=0, end_layer=3)
-        host = MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2.0, 0, 4, "page_first",
-                                    pin_memory=False, device="cpu", device_capacity_tokens=dev.size, start_layer=0,
-                                    end_layer=3, write_back_staging=dev.hicache_write_back_staging)  # fmt: skip
+        host = host_pool(page=4, layers=4, heads=2, dim=64, pages=8)
         cfg = storage_config("bench/slow")
         ours, theirs = NexusKVStorage(cfg, kernel=k), HiCacheFile(cfg, file_path=str(tmp / "hicache-slow"))
         for b in (ours, theirs):

@@ -151,15 +151,17 @@ class NexusKVStorage(HiCacheStorage):
 
     def plan(self, keys: Sequence[str]) -> Any:
         """The kernel's plan for a run of pages (its reasons say why pages are or are not worth fetching)."""
+        return self._plan(keys)[0]
+
+    def _plan(self, keys: Sequence[str]) -> tuple[Any, list[bytes]]:
         pages = self._ready()
-        return self.kernel.plan(pages.request(len(keys)), keys=pages.keys(keys))
+        block_keys = pages.keys(keys)
+        return self.kernel.plan(pages.request(len(keys)), keys=block_keys), block_keys
 
     def _worth(self, keys: Sequence[str]) -> tuple[int, list[bytes]]:
         """How many leading pages of `keys` the kernel's plan restores (0 unless it materializes), and their keys."""
-        pages = self._ready()
-        block_keys = pages.keys(keys)
-        plan = self.kernel.plan(pages.request(len(keys)), keys=block_keys)
-        worth = plan.tokens_reused // pages.layout.page_size if plan.action == PlanAction.MATERIALIZE else 0
+        plan, block_keys = self._plan(keys)
+        worth = plan.tokens_reused // self._ready().layout.page_size if plan.action == PlanAction.MATERIALIZE else 0
         return worth, block_keys
 
     def _servable(self, keys: Sequence[str]) -> tuple[int, list[bytes]]:
@@ -263,9 +265,8 @@ class NexusKVStorage(HiCacheStorage):
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:  # fmt: skip
         """Pages straight into SGLang's host pool at `host_indices` (a page per `page_size` indices)."""
-        page = self._ready().layout.page_size
-        host = self.mem_pool_host
-        got = self._load(keys, lambda i, src: host.set_from_flat_data_page(int(host_indices[i * page]), src))
+        self._ready()
+        got = self._load(keys, self._into(self.pools[KV], host_indices))
         return [i < got for i in range(len(keys))]
 
     def batch_get_v2(self, transfers: list[PoolTransfer],
@@ -291,14 +292,16 @@ class NexusKVStorage(HiCacheStorage):
                 n = next((i for i, k in enumerate(keys) if not self.approvals.approved([k])), len(keys))
                 allowed.update(zip(keys[:n], self._ready().keys(keys[:n]), strict=True))
             n = next((i for i, key in enumerate(keys) if key not in allowed), len(keys))  # only the served pages
-            host, idx, step = pool.host, t.host_indices, pool.page_size
-            got = self.reader.read(pool, [allowed[k] for k in keys[:n]], n,
-                                   lambda i, src, host=host, idx=idx, step=step: host.set_from_flat_data_page(
-                                       int(idx[i * step]), src))  # fmt: skip
+            got = self.reader.read(pool, [allowed[k] for k in keys[:n]], n, self._into(pool, t.host_indices))
             out[str(t.name)] = [i < got for i in range(len(keys))]
             self._count(get_pages=len(keys), got_pages=got)
             self._op("prefetch", got)
         return out
+
+    @staticmethod
+    def _into(pool: Pool, host_indices: torch.Tensor) -> Sink:
+        """The sink that copies page i into `pool` at its i-th page of `host_indices`."""
+        return lambda i, src: pool.host.set_from_flat_data_page(int(host_indices[i * pool.page_size]), src)
 
     @staticmethod
     def _indices_fit(t: PoolTransfer, pool: Pool, call: str) -> bool:
@@ -325,6 +328,12 @@ class NexusKVStorage(HiCacheStorage):
     def _bytes(value: torch.Tensor) -> bytes:
         return value.contiguous().view(torch.uint8).numpy().tobytes()
 
+    @classmethod
+    def _pages_of(cls, pool: Pool, host_indices: torch.Tensor, n: int) -> list[bytes]:
+        """The bytes of `n` pages of `pool` at `host_indices` (a page per `pool.page_size` indices)."""
+        return [cls._bytes(pool.host.get_data_page(int(host_indices[i * pool.page_size]), flat=True))
+                for i in range(n)]  # fmt: skip
+
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
         """Store one page (a flat host tensor)."""
         return self.batch_set([key], [value])
@@ -337,10 +346,8 @@ class NexusKVStorage(HiCacheStorage):
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:  # fmt: skip
         """Pages straight from SGLang's host pool at `host_indices`."""
-        page = self._ready().layout.page_size
-        payloads = [self._bytes(self.mem_pool_host.get_data_page(int(host_indices[i * page]), flat=True))
-                    for i in range(len(keys))]  # fmt: skip
-        return self._commit(keys, payloads)
+        self._ready()
+        return self._commit(keys, self._pages_of(self.pools[KV], host_indices, len(keys)))
 
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:  # fmt: skip
@@ -351,9 +358,7 @@ class NexusKVStorage(HiCacheStorage):
         for t in transfers:
             pool, keys = self.pools[str(t.name)], list(t.keys or ())
             if keys and self._indices_fit(t, pool, "batch_set_v2"):
-                payloads = [self._bytes(pool.host.get_data_page(int(t.host_indices[i * pool.page_size]), flat=True))
-                            for i in range(len(keys))]  # fmt: skip
-                out[str(t.name)] = self._commit(keys, payloads, pool.group)
+                out[str(t.name)] = self._commit(keys, self._pages_of(pool, t.host_indices, len(keys)), pool.group)
         return out
 
     # ------------------------------------------------------------------------------------------ the rest

@@ -38,6 +38,19 @@ def kv_page(host, page: int) -> bytes:
     return host.get_data_page(page * PAGE, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
 
 
+def write_back(kernel, backends, kv, mamba, keys: list[str], states: list[int], seed: int) -> None:
+    """What SGLang's write-back does for a hybrid run: `keys`' KV pages (host pages 0..n) and the Mamba checkpoints
+    at pages `states` (host slot = page index), through `batch_set_v2` of every backend, all accepted."""
+    fill(kv, range(0, len(keys)), seed=seed)
+    fill_mamba(mamba, states, seed=seed + 1)
+    sets = [PoolTransfer(PoolName.KV, host_indices=indices(range(0, len(keys))), keys=keys),
+            PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor(states), keys=[keys[i] for i in states])]
+    want = {"kv": [True] * len(keys), "mamba": [True] * len(states)}
+    for b in backends:
+        assert b.batch_set_v2(sets) == want
+    assert kernel.flush(10)
+
+
 @pytest.fixture
 def pair(kernel, tmp_path):
     """NexusKV and SGLang's file backend over the same KV and Mamba host pools."""
@@ -52,14 +65,8 @@ def pair(kernel, tmp_path):
 def test_kv_with_mamba_checkpoints_agrees_with_the_file_backend(pair, kernel):
     ours, theirs, kv, mamba = pair
     keys = [f"h{i}" for i in range(6)]
-    fill(kv, range(0, 6), seed=1)
-    fill_mamba(mamba, [1, 3], seed=2)
     # SGLang writes six KV pages back, with the recurrent state checkpointed at pages 2 and 4
-    sets = [PoolTransfer(PoolName.KV, host_indices=indices(range(0, 6)), keys=keys),
-            PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([1, 3]), keys=[keys[1], keys[3]])]  # fmt: skip
-    want = {"kv": [True] * 6, "mamba": [True, True]}
-    assert ours.batch_set_v2(sets) == theirs.batch_set_v2(sets) == want
-    assert kernel.flush(10)
+    write_back(kernel, (ours, theirs), kv, mamba, keys, [1, 3], seed=1)
     # the usable prefix: KV for every page, the state at its end (a prefix of 6 has none: cut at 4)
     query = [PoolTransfer(PoolName.MAMBA, keys=[keys[5]], hit_policy=TRAILING)]
     a, b = ours.batch_exists_v2(keys, query), theirs.batch_exists_v2(keys, query)
@@ -108,12 +115,7 @@ def test_a_sliding_window_pool_needs_its_whole_trailing_window(kernel, tmp_path)
 def test_another_tenant_sees_no_pool_and_a_corrupt_checkpoint_is_recomputed(pair, kernel):
     ours, _, kv, mamba = pair
     keys = [f"c{i}" for i in range(3)]
-    fill(kv, range(0, 3), seed=5)
-    fill_mamba(mamba, [2], seed=6)
-    sets = [PoolTransfer(PoolName.KV, host_indices=indices(range(0, 3)), keys=keys),
-            PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([2]), keys=[keys[2]])]  # fmt: skip
-    assert ours.batch_set_v2(sets) == {"kv": [True] * 3, "mamba": [True]}
-    assert kernel.flush(10)
+    write_back(kernel, (ours,), kv, mamba, keys, [2], seed=5)
     query = [PoolTransfer(PoolName.MAMBA, keys=[keys[2]], hit_policy=TRAILING)]
     assert ours.batch_exists_v2(keys, query).kv_hit_pages == 3
     other = NexusKVStorage(storage_config({"tenant": "blocked"}), kernel=kernel)
@@ -151,12 +153,7 @@ def test_sglangs_own_order_kv_in_batches_then_the_state_alone_is_served_as_promi
     without its KV) would not be worth fetching; they are served because the existence answer approved them."""
     ours, _, kv, mamba = pair
     keys = [f"o{i}" for i in range(5)]
-    fill(kv, range(0, 5), seed=7)
-    fill_mamba(mamba, [4], seed=8)
-    sets = [PoolTransfer(PoolName.KV, host_indices=indices(range(0, 5)), keys=keys),
-            PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([4]), keys=[keys[4]])]  # fmt: skip
-    assert ours.batch_set_v2(sets) == {"kv": [True] * 5, "mamba": [True]}
-    assert kernel.flush(10)
+    write_back(kernel, (ours,), kv, mamba, keys, [4], seed=7)
     assert ours.plan(keys[4:]).action.value == "recompute"  # one page alone: not worth a fetch
     hit = ours.batch_exists_v2(keys, [PoolTransfer(PoolName.MAMBA, keys=[keys[4]], hit_policy=TRAILING)])
     assert hit.kv_hit_pages == 5
