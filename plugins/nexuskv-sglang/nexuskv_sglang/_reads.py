@@ -2,8 +2,9 @@
 
 `PageReader` reads verified pages (`Kernel.load`: key, group, checksum, MAC) and hands each to a sink that copies
 it into SGLang's memory. A large run is read by several threads (one page's tier read, MAC check and copy overlap
-another's); the whole read is bounded by the kernel's `load_timeout_ms`; and once `read` returns, no late page
-ever reaches the sink: SGLang frees the slots of pages it was told failed, and may hand them to another request.
+another's), the whole read bounded by the kernel's `load_timeout_ms`; a small one in the caller's thread, bounded
+by the tiers' own timeouts only. Once `read` returns, no late page ever reaches the sink: SGLang frees the slots of
+pages it was told failed, and may hand them to another request.
 
 `Approvals` remembers, for a short time, the page hashes an existence answer said were worth fetching. SGLang
 reads what it was promised in later calls (its KV pages in batches of at most 128, a hybrid model's Mamba or
@@ -140,7 +141,7 @@ class PageReader:
                 ok = False
             if not ok:
                 done = i
-                for rest in futures[i + 1:]:
+                for rest in futures[i:]:  # the late page too: queued reads would only delay the next call's
                     rest.cancel()
                 break
         gate.close()

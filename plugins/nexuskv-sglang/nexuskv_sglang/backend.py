@@ -83,7 +83,10 @@ class NexusKVStorage(HiCacheStorage):
         self._pages: Pages | None = None
         self._lock = threading.Lock()
         self.reader = PageReader(kernel)
-        self.approvals = Approvals(float(extra.get("approval_ttl_s", 30.0)))
+        ttl = float(extra.get("approval_ttl_s", 30.0))
+        if not 0.0 <= ttl <= 3600.0:  # an approval outlives a policy change by at most this long
+            raise ValueError(f"nexuskv: extra_config approval_ttl_s must be 0..3600 seconds, got {ttl!r}")
+        self.approvals = Approvals(ttl)
         self._ops: dict[str, list[int]] = {"prefetch": [], "backup": []}  # pages per call, for SGLang's metrics
         self.counts = {"exists_pages": 0, "worth_pages": 0, "get_pages": 0, "got_pages": 0, "set_pages": 0,
                        "stored_pages": 0, "refused_pages": 0}  # fmt: skip

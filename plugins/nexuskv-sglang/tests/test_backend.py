@@ -153,6 +153,9 @@ def test_a_kernel_of_another_page_size_is_a_clear_error(policies):
         b.register_mem_pool_host(mha_host())
         with pytest.raises(ValueError, match="page size 4 is not the kernel's page_size 16"):
             b.on_host_pools_registered()  # SGLang's attach fails, saying why
+        for ttl in (float("inf"), float("nan"), -1.0):  # an approval must expire: a policy change applies soon
+            with pytest.raises(ValueError, match=r"approval_ttl_s must be 0\.\.3600 seconds"):
+                NexusKVStorage(storage_config({"approval_ttl_s": ttl}), kernel=k)
         no_tenant = storage_config()
         no_tenant.extra_config.pop("tenant")
         with pytest.raises(ValueError, match="needs 'tenant'"):
