@@ -17,13 +17,51 @@ from collections.abc import Callable
 from typing import Any
 
 from nexuskv import get_logger
-from nexuskv_tier_mooncake.mooncake_client import OBJECT_NOT_FOUND, UNREACHABLE, RegisteredBuffer, master_answers
+from nexuskv_tier_mooncake.mooncake_client import (
+    OBJECT_NOT_FOUND,
+    UNREACHABLE,
+    RegisteredBuffer,
+    master_answers,
+    split_address,
+)
 
-__all__ = ["MasterLink", "MooncakeTierError"]
+__all__ = ["MasterLink", "MooncakeTierError", "release_abandoned"]
 
 log = get_logger(__name__)
 
-_ABANDONED: list[tuple[Any, list[RegisteredBuffer]]] = []  # clients closed while the master was unreachable
+# Clients closed while their master was unreachable: (master address, client, its buffers). Mooncake's close would
+# stall, so they are kept, and their own threads go on pinging that master (its log lines on stderr) until it
+# answers again and `release_abandoned` closes them.
+_ABANDONED: list[tuple[str, Any, list[RegisteredBuffer]]] = []
+_ABANDONED_LOCK = threading.Lock()
+
+
+def release_abandoned(master: str | None = None, probe_timeout_s: float = 0.2) -> int:
+    """Close the clients left behind at close whose master answers again; how many are still left behind (of `master`).
+
+    A client's close is left undone while its master does not answer (it would retry for about 15 s holding the
+    GIL); once that master is back on its address (restarted), the close is quick. A new client of a master calls
+    this for that master (`master`: its `host:port`, known to answer: nothing is probed); with no `master`, each
+    left-behind client's master is probed for up to `probe_timeout_s` first.
+    """
+    with _ABANDONED_LOCK:
+        ready = []
+        for entry in _ABANDONED:
+            address = entry[0]
+            if master is not None and address != master:
+                continue
+            if master is not None or not master_answers(*split_address(address), probe_timeout_s):
+                ready.append(entry)
+        for entry in ready:
+            _ABANDONED.remove(entry)
+        left = sum(master is None or entry[0] == master for entry in _ABANDONED)
+    for address, client, buffers in ready:
+        client.close()
+        for b in buffers:
+            b.release(None)
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(client))  # the reference taken when it was left behind
+        log.info("mooncake client left behind at close is closed: its master answers again", master=address)
+    return left
 
 
 class MooncakeTierError(ConnectionError):
@@ -139,6 +177,7 @@ class MasterLink:
         self.client = client
         self._suspect = False
         log.info("mooncake tier connected", tier=self.tier, master=self.master, segment_bytes=self._setup_args[2])
+        release_abandoned(f"{self._host}:{self._port}")  # this master answers: its clients left behind can close
 
     def _watch(self, every_s: float) -> None:
         """Probe the master's port every `every_s` until closed."""
@@ -210,8 +249,9 @@ class MasterLink:
         if why:
             log.warning("mooncake master unreachable at close; its client is left behind", tier=self.tier,
                         master=self.master, error=why)  # fmt: skip
-            _ABANDONED.append((client, buffers))
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(client))  # its destructor would stall the exit the same way
+            with _ABANDONED_LOCK:
+                _ABANDONED.append((f"{self._host}:{self._port}", client, buffers))
             return
         client.close()
         for b in buffers:

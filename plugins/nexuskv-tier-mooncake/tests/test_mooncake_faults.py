@@ -18,7 +18,7 @@ from _tier_mooncake_helpers import (
 )
 
 from nexuskv import PlanAction
-from nexuskv_tier_mooncake import MooncakeStore, MooncakeTierError
+from nexuskv_tier_mooncake import MooncakeStore, MooncakeTierError, release_abandoned
 
 
 def put_blocks(k, req) -> list[bytes]:
@@ -132,6 +132,28 @@ def test_close_after_the_master_died_is_bounded(own_mooncake_master, prefix):
     _, took = timed(store.close)  # Mooncake's own close retries the dead master for many seconds
     assert took < HANG_S
     store.close()  # twice: a no-op
+    assert release_abandoned() >= 1  # its client is left behind (its threads ping the dead master)...
+    master.start()
+    _, took = timed(lambda: eventually(lambda: release_abandoned() == 0))
+    assert took < HANG_S  # ... until the master answers again: then its close is quick
+
+
+def test_a_new_client_of_a_master_closes_the_clients_left_behind_with_it(own_mooncake_master, prefix):
+    master = own_mooncake_master
+    kw = dict(master=master.address, prefix=prefix, capacity_bytes=16 << 20, local_buffer_bytes=16 << 20)
+    store = keyed(MooncakeStore(**kw))
+    d = payload(100)
+    assert store.put(slot(1), d, describe(slot(1), d))
+    master.kill()
+    store.close()
+    assert release_abandoned() >= 1
+    master.start()
+    again = keyed(MooncakeStore(**kw, down_backoff_s=0.1))
+    try:
+        assert eventually(lambda: _quiet(again.put, slot(2), d, describe(slot(2), d)))  # connects: closes the other
+        assert release_abandoned(master.address) == 0
+    finally:
+        again.close()
 
 
 def _quiet(fn, *args):
