@@ -5,6 +5,7 @@ refused with the reason; accepted grants are bounded and forgotten when they exp
 from __future__ import annotations
 
 import random
+import sys
 import threading
 from typing import ClassVar
 
@@ -130,7 +131,8 @@ def refused(d, req, grant, fragment):
     (lambda g: g.update(mac=g["mac"].upper()), "MAC does not check"),
     (lambda g: g.update(expires=10**400), "not a time"),  # math.isfinite raises OverflowError
     (lambda g: g.update(expires=-(10**400)), "not a time"),
-    (lambda g: g.update(runs=__import__("functools").reduce(lambda a, _: [a], range(5000), [])), "malformed"),
+    (lambda g: g.update(runs=__import__("functools").reduce(lambda a, _: [a], range(5000), [])),
+     "malformed" if sys.version_info < (3, 12) else "over 4096 bytes"),  # 3.12+ reprs 5000 levels: too long
 ])  # fmt: skip
 def test_a_changed_or_malformed_grant_is_refused_with_the_reason(pd, change, fragment):
     p, d, _, req, _, _ = pd

@@ -62,6 +62,15 @@ def _payload_problem(key: bytes, group: int, got: StoredState, seal: StateSeal) 
     return ""
 
 
+def _persistent(store: TierStore) -> bool:
+    """Whether `store` is a `PersistentTierStore`: it has `descriptors()`, found as plain attribute access finds it.
+
+    Not `isinstance` with the protocol: from Python 3.12 that ignores what a store forwards through `__getattr__`
+    (a wrapping store), so the same plugin would be re-indexed on 3.11 and not on 3.12.
+    """
+    return callable(getattr(store, "descriptors", None))
+
+
 def _nbytes(payload: bytes | memoryview) -> int:
     return payload.nbytes if isinstance(payload, memoryview) else len(payload)
 
@@ -133,14 +142,14 @@ class Hierarchy:
                 raise
             store.set_eviction_callback(self._evicted_from(name))
             tiers[name] = store
-            if isinstance(store, PersistentTierStore):
+            if _persistent(store):
                 self._reindex(name, store)
         return tiers
 
     def reindex(self, tier: str) -> int:
         """Index what a persistent tier holds now (a host-wide tier another process writes to); returns the count."""
         store = self.tiers.get(tier)
-        if not isinstance(store, PersistentTierStore):
+        if not _persistent(store):
             raise ConfigError(f"tier {tier!r} is not a persistent tier (have: {sorted(self.tiers)})")
         return self._reindex(tier, store)
 

@@ -4,6 +4,8 @@ The peer key already authenticates both ends and MACs every request; TLS adds co
 (a network observer otherwise reads the payloads). Both sides present a certificate signed by the deployment's CA
 (`tls_ca`) and check the other's: a node without one is refused in the TLS handshake. Host names are not checked
 (nodes are addressed by pod IPs; the CA is the deployment's own, so any certificate it signed is a node of it).
+Certificates are checked strictly (`VERIFY_X509_STRICT`, Python 3.13's default, set on every Python): a CA needs
+basic constraints and key usage, as RFC 5280 asks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class TlsContexts:
         self.client.check_hostname = False  # nodes are addressed by IP; the deployment's CA is the check
         for ctx in (self.server, self.client):
             ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx.verify_flags |= ssl.VERIFY_X509_STRICT  # RFC 5280 checks on every Python (3.13's default)
             try:
                 ctx.load_cert_chain(cert, key)
             except (ssl.SSLError, OSError) as e:

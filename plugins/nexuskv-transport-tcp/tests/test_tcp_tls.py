@@ -57,3 +57,29 @@ def test_tls_options_come_together_or_not_at_all(pki):
         tcp(tls_cert=mine["tls_cert"])
     with pytest.raises(ValueError, match="no such file"):
         tcp(**{**mine, "tls_ca": "/nonexistent.pem"})
+
+
+def test_a_ca_without_key_usage_is_refused_on_every_python(store, tmp_path):
+    """Python 3.13 verifies strictly by default and 3.11 did not: the transport asks for it on every Python."""
+    import subprocess
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=loose-ca")  # no key usage: accepted by OpenSSL unless verification is strict
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=loose")
+    run("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+        "node.pem", "-days", "2")
+    loose = {"tls_cert": str(tmp_path / "node.pem"), "tls_key": str(tmp_path / "node.key"),
+             "tls_ca": str(tmp_path / "ca.pem")}  # fmt: skip
+    put(store, 1, 1000)
+    server = tcp(**loose)
+    address = server.serve({TIER: store})
+    client = tcp(timeout_s=5.0, **loose)
+    try:
+        with pytest.raises(TransportError, match="CERTIFICATE_VERIFY_FAILED"):
+            client.fetch_remote(address, TIER, [slot_n(1)], namespace=NS)
+    finally:
+        client.close()
+        server.close()
