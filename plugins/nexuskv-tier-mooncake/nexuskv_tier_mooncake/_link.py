@@ -42,7 +42,8 @@ def release_abandoned(master: str | None = None, probe_timeout_s: float = 0.2) -
     A client's close is left undone while its master does not answer (it would retry for about 15 s holding the
     GIL); once that master is back on its address (restarted), the close is quick. A new client of a master calls
     this for that master (`master`: its `host:port`, known to answer: nothing is probed); with no `master`, each
-    left-behind client's master is probed for up to `probe_timeout_s` first.
+    left-behind client's master is probed for up to `probe_timeout_s` first. A client left behind because a reader
+    was still in it is never closed (closing under a reader crashes) and is not counted.
     """
     with _ABANDONED_LOCK:
         ready = []
@@ -56,9 +57,13 @@ def release_abandoned(master: str | None = None, probe_timeout_s: float = 0.2) -
             _ABANDONED.remove(entry)
         left = sum(master is None or entry[0] == master for entry in _ABANDONED)
     for address, client, buffers in ready:
-        client.close()
-        for b in buffers:
-            b.release(None)
+        try:
+            client.close()
+            for b in buffers:
+                b.release(None)
+        except Exception as exc:  # kept (never destructed: that would stall the same way), not retried
+            log.warning("mooncake client left behind at close could not be closed", master=address, error=repr(exc))
+            continue
         ctypes.pythonapi.Py_DecRef(ctypes.py_object(client))  # the reference taken when it was left behind
         log.info("mooncake client left behind at close is closed: its master answers again", master=address)
     return left
@@ -159,8 +164,13 @@ class MasterLink:
             self.probe()
             if self.client is None:
                 self._setup()
-                return self.client
-            self._suspect = False
+                client = self.client
+            else:
+                client = None
+                self._suspect = False
+        if client is not None:  # a first connection: this master answers, its clients left behind can close
+            release_abandoned(f"{self._host}:{self._port}")  # (outside the lock: a close may take a while)
+            return client
         self._on_recover()  # the master answers again: it may have restarted and lost every object
         return self.client
 
@@ -177,7 +187,6 @@ class MasterLink:
         self.client = client
         self._suspect = False
         log.info("mooncake tier connected", tier=self.tier, master=self.master, segment_bytes=self._setup_args[2])
-        release_abandoned(f"{self._host}:{self._port}")  # this master answers: its clients left behind can close
 
     def _watch(self, every_s: float) -> None:
         """Probe the master's port every `every_s` until closed."""
@@ -247,11 +256,11 @@ class MasterLink:
         why = "" if idle else "a reader still uses the client"
         why = why or master_answers(self._host, self._port, self.probe_timeout_s)
         if why:
-            log.warning("mooncake master unreachable at close; its client is left behind", tier=self.tier,
-                        master=self.master, error=why)  # fmt: skip
+            log.warning("mooncake client left behind at close", tier=self.tier, master=self.master, error=why)
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(client))  # its destructor would stall the exit the same way
-            with _ABANDONED_LOCK:
-                _ABANDONED.append((f"{self._host}:{self._port}", client, buffers))
+            if idle:  # a client a reader may still be in is never closed (closing under a reader crashes)
+                with _ABANDONED_LOCK:
+                    _ABANDONED.append((f"{self._host}:{self._port}", client, buffers))
             return
         client.close()
         for b in buffers:
