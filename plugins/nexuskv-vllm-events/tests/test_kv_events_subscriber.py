@@ -176,11 +176,16 @@ def test_forged_malformed_and_foreign_messages_change_nothing_they_claim(ipc):
 
 
 def oversized(pub: Publisher, nbytes: int, *, buffered: bytes | None = None) -> None:
-    """Send batch `pub.seq` with a payload of `nbytes`; the replay buffer keeps `buffered` (default: the same)."""
+    """Send batch `pub.seq` with a payload of `nbytes`; the replay buffer keeps `buffered` (default: the same).
+
+    Buffered before it is sent, as `Publisher.publish` does: the subscriber may ask the replay for it as soon as the
+    oversized message drops its connection (sent first, a loaded machine let that replay find it missing).
+    """
     payload = b"\x00" * nbytes
-    pub.raw([pub.topic, pub.seq.to_bytes(8, "big"), payload])
-    pub.buffer.append((pub.seq, payload if buffered is None else buffered))
+    seq = pub.seq
+    pub.buffer.append((seq, payload if buffered is None else buffered))
     pub.seq += 1
+    pub.raw([pub.topic, seq.to_bytes(8, "big"), payload])
 
 
 def test_a_message_over_the_bound_drops_the_connection_and_the_replay_fills_in(ipc):
