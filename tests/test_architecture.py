@@ -24,7 +24,7 @@ REPO = ROOT.parents[1]
 
 # (floor, rungs bottom-up); `room.*` stands for every module of a sub-room (its `__init__` included).
 FLOORS: list[tuple[str, list[list[str]]]] = [
-    ("foundation", [["errors", "units", "logs"]]),
+    ("foundation", [["errors", "units", "logs", "resources"]]),
     ("contracts", [["contracts.fields", "contracts.schema", "contracts.checksums"],
                    ["contracts.state", "contracts.profile"], ["contracts.request", "contracts.plan"],
                    ["contracts", "contracts.config"], ["contracts.descriptor_codec"]]),

@@ -18,10 +18,11 @@ from nexuskv.contracts import CONTRACTS, Request, from_dict, schema
 from nexuskv.errors import ContractError, NexusKVError
 from nexuskv.logs import configure_logging
 from nexuskv.plugins.manager import PluginManager
+from nexuskv.resources import shipped
 
 __all__ = ["cli", "main"]
 
-SCHEMA_DIR = Path(__file__).resolve().parents[3] / "schemas"
+SCHEMA_DIR = shipped("schemas")
 
 
 def _read_json(path: str) -> Any:
@@ -67,6 +68,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group)
+@click.version_option(package_name="nexuskv", prog_name="nexuskv", message="%(prog)s %(version)s")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto", show_default=True)
 @click.option("--log-level", default=None, help="debug, info, warning, error (default: NEXUSKV_LOG_LEVEL or info).")
 def cli(log_format: str, log_level: str | None) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from pathlib import Path
 
 import attrs
 
 from nexuskv.contracts import Layout, ModelIdentity, Request, StateGroup, StateKind, TokenizerIdentity
 from nexuskv.kernel import Kernel, KernelConfig
+from nexuskv.resources import shipped
 
 PAGE = 16
 BYTES_PER_TOKEN = 2048  # tiny Llama-style GQA model, fp16 (DESIGN.md)
@@ -131,13 +131,12 @@ def run_demo(turns: int = 4, echo: Callable[[str], None] = print, seed: int = 7,
     return out
 
 
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _decisions(echo: Callable[[str], None], out: dict[str, int]) -> None:
     """Section 6: the planner and the tenant policies deciding, with their reasons."""
     echo("\n== 6. Plans: reuse only when it pays, as each tenant's policy allows ==")
-    cfg = KernelConfig(node="node-a", policies=str(ROOT / "policies"),
+    cfg = KernelConfig(node="node-a", policies=str(shipped("policies")),
                        tiers={"dram": {"store": "dram", "capacity_bytes": "64MiB"},
                               "disk": {"store": "dram", "capacity_bytes": "256MiB"}})  # fmt: skip
     dense = Layout(groups=[StateGroup(kind=StateKind.DENSE, layers=4, kv_heads=2, head_dim=64)], page_size=PAGE)

@@ -20,7 +20,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -38,12 +37,13 @@ from nexuskv.contracts import (
 )
 from nexuskv.kernel import Kernel, KernelConfig
 from nexuskv.logs import configure_logging
+from nexuskv.resources import shipped
 from nexuskv.state.identity import BlockKeyer
 from nexuskv.state.index import Location
 
 __all__ = ["StressReport", "index_problems", "reference_payload", "run"]
 
-POLICIES = Path(__file__).resolve().parents[3] / "policies"
+POLICIES = shipped("policies")
 PAGE = 16
 MODEL = ModelIdentity(name="tiny-llama", revision="stress")  # the shipped rag policy shares its docs for it
 TOKENIZER = TokenizerIdentity(name="tiny-bpe")
