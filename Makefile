@@ -106,6 +106,7 @@ libibverbs1:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libibverbs1 >/dev/null; }
 
 test: lint docs redis-server etcd-server libibverbs1
+	@echo "== the kernel suite and the plugins' tests on Python $$($(PY) -c 'import platform; print(platform.python_version())')"
 	$(PY) -m pytest --ignore=plugins/nexuskv-vllm --ignore=plugins/nexuskv-sglang
 	$(MAKE) --no-print-directory test-pythons
 	$(MAKE) --no-print-directory test-dist

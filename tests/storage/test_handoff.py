@@ -5,7 +5,6 @@ refused with the reason; accepted grants are bounded and forgotten when they exp
 from __future__ import annotations
 
 import random
-import sys
 import threading
 from typing import ClassVar
 
@@ -101,9 +100,10 @@ def test_a_grant_covers_only_what_the_producer_holds_and_at_most_blocks(pd):
     assert p.handoff(make_request(range(1000, 1000 + 16 * 4))) is None
 
 
-def refused(d, req, grant, fragment):
+def refused(d, req, grant, fragment: str | tuple[str, ...]):
     got = d.accept_handoff(req, grant)
-    assert not got.ok and got.blocks == 0 and fragment in got.reason, got
+    fragments = fragment if isinstance(fragment, tuple) else (fragment,)
+    assert not got.ok and got.blocks == 0 and any(f in got.reason for f in fragments), got
     assert d.plan(req).action == PlanAction.RECOMPUTE
 
 
@@ -132,7 +132,7 @@ def refused(d, req, grant, fragment):
     (lambda g: g.update(expires=10**400), "not a time"),  # math.isfinite raises OverflowError
     (lambda g: g.update(expires=-(10**400)), "not a time"),
     (lambda g: g.update(runs=__import__("functools").reduce(lambda a, _: [a], range(5000), [])),
-     "malformed" if sys.version_info < (3, 12) else "over 4096 bytes"),  # 3.12+ reprs 5000 levels: too long
+     ("malformed", "over 4096 bytes")),  # repr's recursion: too deep on 3.11 and 3.12, too long on 3.13
 ])  # fmt: skip
 def test_a_changed_or_malformed_grant_is_refused_with_the_reason(pd, change, fragment):
     p, d, _, req, _, _ = pd
