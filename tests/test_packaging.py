@@ -83,3 +83,13 @@ def test_the_wheel_carries_the_files_the_kernel_reads_beside_its_code():
         assert shipped(name) == REPO / name  # in a checkout, the repository's own
     with pytest.raises(ValueError, match="not shipped"):
         shipped("profiles")
+
+
+@pytest.mark.parametrize("path", PROJECTS, ids=lambda p: p.parent.name)
+def test_every_distribution_ships_the_license_it_declares(path):
+    """Apache-2.0 asks that users get a copy of the license: each distribution's folder holds it (its wheel's
+    `licenses/` and its sdist take it from there)."""
+    assert _project(path)["license"] == "Apache-2.0"
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert (path.parent / "LICENSE").read_text() == text
