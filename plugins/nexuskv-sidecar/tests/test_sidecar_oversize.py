@@ -60,7 +60,8 @@ def test_a_repeat_offender_is_held_and_another_tenant_is_served_meanwhile(kernel
         assert status == 200 and plan["tenant"] == "chat"
         assert sc.app.api.holds.total == 1  # still held while the other tenant was served
         t.join(30)
-        assert held[0][0] == 413 and held[0][1] >= 2.0  # answered, after the hold
+        # answered, after the hold (uvloop's timers count whole milliseconds of a cached clock: one fired 44 us early)
+        assert held[0][0] == 413 and held[0][1] >= 2.0 - 0.005
         assert sc.app.api.holds.counts == {"held": 1}
 
 
