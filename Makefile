@@ -24,11 +24,12 @@ PYTHONS       := 3.11 3.12 3.13
 MORE_PYTHONS  := $(filter-out 3.11,$(PYTHONS))
 PURE_PLUGINS  := $(filter-out plugins/nexuskv-transformers,$(PLUGINS))
 DIST          ?= dist
+ENGINE_SETUP  := $(if $(filter x86_64,$(ARCH)),vllm-setup sglang-setup)  # the engines' venvs (x86_64 wheels only)
 RELEASED       = $(foreach d,nexuskv nexuskv-native nexuskv-tier-disk nexuskv-sidecar,$(d)==$(VERSION))
 VERSION       := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 .PHONY: setup demo test test-vllm vllm-setup test-sglang sglang-setup lint docs docs-serve bench clean redis-server \
-	etcd-server libibverbs1 dist test-dist test-pythons
+	etcd-server libibverbs1 dist test-dist smoke-wheels test-pythons
 
 NATIVE_SRC := $(wildcard plugins/nexuskv-native/nexuskv_native/*.[ch])
 
@@ -109,7 +110,8 @@ test: lint docs redis-server etcd-server libibverbs1
 	@echo "== the kernel suite and the plugins' tests on Python $$($(PY) -c 'import platform; print(platform.python_version())')"
 	$(PY) -m pytest --ignore=plugins/nexuskv-vllm --ignore=plugins/nexuskv-sglang
 	$(MAKE) --no-print-directory test-pythons
-	$(MAKE) --no-print-directory test-dist
+	$(MAKE) --no-print-directory dist
+	$(MAKE) --no-print-directory -j 3 --output-sync=target smoke-wheels $(ENGINE_SETUP)  # the engines' pip beside it
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-sglang
 
@@ -151,6 +153,9 @@ dist: setup $(foreach v,$(MORE_PYTHONS),.venv-py$(v)/.installed)
 # pointing nowhere, so nothing can be compiled) that installs the kernel, the native plugin, the disk tier and the
 # sidecar from $(DIST)/ alone, then their dependencies from the package index (wheels only), then runs tests/wheel_smoke.py.
 test-dist: dist
+	@$(MAKE) --no-print-directory smoke-wheels
+
+smoke-wheels:  # test-dist without building: what $(DIST)/ holds now
 	@for v in $(PYTHONS); do \
 		py=$$( [ $$v = 3.11 ] && echo $(CURDIR)/$(PY) || echo $(CURDIR)/.venv-py$$v/bin/python ); \
 		w=$(CURDIR)/build/wheel-venv-$$v; rm -rf $$w; \
