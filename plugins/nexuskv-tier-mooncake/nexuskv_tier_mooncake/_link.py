@@ -46,16 +46,12 @@ def release_abandoned(master: str | None = None, probe_timeout_s: float = 0.2) -
     was still in it is never closed (closing under a reader crashes) and is not counted.
     """
     with _ABANDONED_LOCK:
-        ready = []
-        for entry in _ABANDONED:
-            address = entry[0]
-            if master is not None and address != master:
-                continue
-            if master is not None or not master_answers(*split_address(address), probe_timeout_s):
-                ready.append(entry)
+        mine = [entry for entry in _ABANDONED if master in (None, entry[0])]
+        ready = mine if master is not None else [
+            entry for entry in mine if not master_answers(*split_address(entry[0]), probe_timeout_s)]
         for entry in ready:
             _ABANDONED.remove(entry)
-        left = sum(master is None or entry[0] == master for entry in _ABANDONED)
+        left = len(mine) - len(ready)
     for address, client, buffers in ready:
         try:
             client.close()
