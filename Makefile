@@ -161,9 +161,9 @@ smoke-wheels:  # test-dist without building: what $(DIST)/ holds now
 		w=$(CURDIR)/build/wheel-venv-$$v; rm -rf $$w; \
 		real=$$($$py -c 'import sys; print(sys._base_executable)'); $$real -m venv $$w || exit 1; \
 		echo "== the wheels on Python $$v, no compiler on PATH"; \
-		(cd /tmp && PATH=$$w/bin CC=/nonexistent/cc CXX=/nonexistent/c++ $$w/bin/python -m pip install -q \
+		(cd /tmp && PATH=$$w/bin CC=/nonexistent/cc CXX=/nonexistent/c++ $$w/bin/python -P -m pip install -q \
 			--disable-pip-version-check --no-index --no-deps --find-links $(abspath $(DIST)) $(RELEASED) \
-		&& PATH=$$w/bin CC=/nonexistent/cc CXX=/nonexistent/c++ $$w/bin/python -m pip install -q \
+		&& PATH=$$w/bin CC=/nonexistent/cc CXX=/nonexistent/c++ $$w/bin/python -P -m pip install -q \
 			--disable-pip-version-check --only-binary :all: $(RELEASED) \
 		&& PATH=$$w/bin $$w/bin/python -P $(CURDIR)/tests/wheel_smoke.py $(VERSION) $$v) \
 		|| exit 1; done

@@ -446,7 +446,11 @@ class MooncakeStore:
 
     def sync(self) -> int:
         """Check every object held against the master; those gone are reported as evicted. Returns how many."""
-        return self._sync(self._connected())
+        client = self._link.enter()  # counted as a reader: close (and release_abandoned) never close it under this
+        try:
+            return self._sync(client)
+        finally:
+            self._link.leave()
 
     def _recovered(self) -> None:
         """The master answers again after a failure: it may have restarted, and lost every object."""
