@@ -3,12 +3,16 @@
 SPEC (JSON): {"model": dir, "kv_transfer_config": {...} | null, "enable_lora": bool, "executor": "uni" | "mp",
 "tensor_parallel_size": n, "requests": [{"tokens": [...], "tenant": ..., "scope": ..., "cache_salt": ..., "lora":
 [name, id, path] | null, "max_tokens": 8, "delete": [glob, ...], "hang_s": s, "alongside": [[ids...], ...]}]}; a
-request's `delete` globs name files removed before it runs (a fault: state gone behind the kernels' backs);
+request's `delete` globs name files removed before it runs (a fault: state gone behind the kernels' backs), after
+every rank's kernel has flushed its writer and its write-behind tiers (`Kernel.flush`), so that what the earlier
+requests saved is on disk to be removed: without it a write still queued lands after the deletion and is loaded;
 `hang_s` makes every read of the in-process worker's disk tier after the first take that long while it runs (a
 fault: a tier that stops answering); `alongside` runs other prompts together with it (`Engine.race`), and the
 result's "race" entry lists each one's output and seconds to finish.
 OUT (JSON): {"outputs": [[ids...], ...], "stats": the worker connector's counters (uni) or null, "counters": the
-connector's Prometheus counters after each request (from vLLM's registry, whatever the executor)}. Tests use it
+connector's Prometheus counters after each request (from vLLM's registry, whatever the executor), "deletes": per
+request with `delete`, {"request": i, "before_flush": files the globs matched before the flush, "removed": files
+removed after it, "flushed": each rank's `Kernel.flush` result}}. Tests use it
 for a reference run without a connector, for a restart (a second engine process after the first has exited), and
 for engines with worker processes (`mp`, tensor parallelism).
 """
@@ -20,7 +24,6 @@ import sys
 
 
 def main(spec_path: str, out_path: str) -> None:
-    import glob
     import os
     from pathlib import Path
 
@@ -31,11 +34,15 @@ def main(spec_path: str, out_path: str) -> None:
     engine = Engine(spec["model"], kv_transfer_config=kv, enable_lora=bool(spec.get("enable_lora")),
                     executor=spec.get("executor", "uni"), tensor_parallel_size=spec.get("tensor_parallel_size", 1),
                     log_stats=kv is not None)  # fmt: skip
-    outputs, counters = [], []
-    for r in spec["requests"]:
-        for pattern in r.get("delete", ()):
-            for path in glob.glob(pattern, recursive=True):
+    outputs, counters, deletes = [], [], []
+    for i, r in enumerate(spec["requests"]):
+        if r.get("delete"):
+            before = len(_matched(r["delete"]))
+            flushed = engine.llm.collective_rpc(_flush_kernel) if kv is not None else []  # every rank's kernel
+            gone = _matched(r["delete"])
+            for path in gone:
                 os.unlink(path)
+            deletes.append({"request": i, "before_flush": before, "removed": len(gone), "flushed": flushed})
         lora = tuple(r["lora"]) if r.get("lora") else None
         if r.get("hang_s") or r.get("alongside"):
             outputs.append(_race(engine, r))
@@ -47,7 +54,21 @@ def main(spec_path: str, out_path: str) -> None:
         counters.append(engine.counters() if kv is not None else {})
     conn = engine.connector
     stats = dict(conn.worker.stats) if conn is not None and hasattr(conn, "worker") else None
-    Path(out_path).write_text(json.dumps({"outputs": outputs, "stats": stats, "counters": counters}))
+    out = {"outputs": outputs, "stats": stats, "counters": counters, "deletes": deletes}
+    Path(out_path).write_text(json.dumps(out))
+
+
+def _matched(patterns: list[str]) -> list[str]:
+    import glob
+
+    return [path for pattern in patterns for path in glob.glob(pattern, recursive=True)]
+
+
+def _flush_kernel(worker: object) -> bool:
+    """On each worker (vLLM's `collective_rpc`): wait until its connector's kernel has written what it queued."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return bool(get_kv_transfer_group().kernel.flush(60))  # type: ignore[attr-defined]
 
 
 def _race(engine: object, r: dict) -> dict:

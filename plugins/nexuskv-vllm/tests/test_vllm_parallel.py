@@ -56,8 +56,13 @@ def test_tp2_loads_a_shared_prefix_on_both_ranks_and_a_failed_rank_makes_both_re
     assert out == [tp2_reference[n] for n in ("a", "b", "fail1", "fail2")]
     assert _delta(counters, 1, "blocks_loaded") == 10  # five blocks, on each of two ranks
     assert _delta(counters, 1, "tokens_planned") == 640
-    # fail2: rank 0 mounted its four blocks, rank 1 found none; vLLM recomputed them on both (same output)
-    assert _delta(counters, 3, "blocks_loaded") == 4 and _delta(counters, 3, "blocks_failed") == 4
+    # Both ranks' writers had written fail1's blocks before rank 1's files were removed (a's five and fail1's four):
+    # deleted before that, a write still queued landed after the deletion and was loaded (8 blocks, not 4).
+    (gone,) = res["deletes"]
+    assert gone["flushed"] == [True, True] and gone["removed"] == 9, gone
+    # fail2: rank 0 mounted its four blocks, rank 1 found none; vLLM recomputed them on both (same output). More
+    # than four loaded would be a read serving what the disk no longer holds.
+    assert _delta(counters, 3, "blocks_loaded") == 4 and _delta(counters, 3, "blocks_failed") == 4, gone
     assert (workdir / "disk-tp2" / "rank-0-of-2").is_dir() and rank1.is_dir()
     assert not any((workdir / "disk-tp2").glob("*.nkv"))  # no process writes the shared top directory
 
