@@ -15,7 +15,9 @@
 2. **A slow tier**: the same pages behind NexusKV's shaped link (1 MB/s, 20 ms), the file backend holding them
    too. The file backend's `batch_exists` answers how many are present, so SGLang's prefetch would wait for them;
    NexusKV's answers how many are worth fetching. Both answers are printed with the plan's predicted times and the
-   measured time of actually fetching the pages over that link.
+   measured time of actually fetching the pages over that link. Printed facts, not a RESULT: the file backend's
+   pages sit on local disk, not behind that link, and whether skipping them beats waiting is a recompute time on
+   SGLang's engine, which cannot run here (its kernels need CUDA); NexusKV answering 0 holds by its own prediction.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, machine_speed, quick, requires, result, tier_descriptor
 
-RESULTS = ("sglang.nexuskv_get_over_file_backend", "sglang.slowtier_pages_nexuskv_waits_for")
+RESULTS = ("sglang.nexuskv_get_over_file_backend",)
 VENV = ".venv-sglang"  # SGLang pins torch 2.14.1 and its own transformers: `make sglang-setup` builds it
 REPO = Path(__file__).resolve().parents[1]
 PAGE, LAYERS, HEADS, DIM = quick((32, 8, 8, 128), (4, 2, 2, 8))
@@ -211,7 +213,8 @@ def slow_tier_bench(tmp: Path) -> None:
               f"fetching them over this link measured {fetch_ms:.1f} ms ({fetched} pages)")  # fmt: skip
         print(f"  NexusKV: batch_exists = {ours_says} ({plan.action.value}, predicted TTFT "
               f"{plan.predicted.ttft_ms:.2f} ms): {'; '.join(plan.reasons)}")  # fmt: skip
-        result("sglang.slowtier_pages_nexuskv_waits_for", ours_says, "<=", 0)
+        print("  (facts, no goal: the file backend's pages are on local disk, not behind this link, and the recompute "
+              "NexusKV chooses instead is SGLang's engine's, which does not run here)")
 
 
 def main() -> None:

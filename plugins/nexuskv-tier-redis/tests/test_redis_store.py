@@ -12,6 +12,20 @@ def test_protocols_and_plugin_registration(store):
     assert PluginManager().tier_stores()["redis"] is RedisStore
 
 
+def test_the_tier_parses_replies_with_hiredis(store):
+    """`redis[hiredis]` is the plugin's dependency: production parses with hiredis, and bench/tiers.py compares
+    the tier with a plain GET only when both do (redis-py's Python parser is much slower on large replies)."""
+    from redis.utils import HIREDIS_AVAILABLE
+
+    assert HIREDIS_AVAILABLE, "hiredis missing or too old for redis-py: reinstall the plugin (`redis[hiredis]`)"
+    pool = store._client.connection_pool
+    conn = pool.get_connection()
+    try:
+        assert type(conn._parser).__name__ == "_HiredisParser"
+    finally:
+        pool.release(conn)
+
+
 @pytest.mark.parametrize("size", [0, 1, 1000, 4 << 20, 9 << 20])
 def test_roundtrip_small_and_chunked(make_store, redis_server, size):
     store = make_store(chunk_bytes=4 << 20)
