@@ -12,8 +12,10 @@ What every bench promises, and how `make test` keeps it (tests/test_benches.py):
 - Quick mode, `NEXUSKV_BENCH_QUICK=1` in the environment (read here into `QUICK`, inherited by the processes a
   bench starts): the same code paths at the smallest sizes, fewest repeats and passes (seconds, not minutes),
   every name of `RESULTS` printed (the values mean nothing there, and no goal is checked), nothing written into
-  the repository. Each bench picks its sizes with `quick(full, small)`. Without the variable a bench runs
-  exactly as it always did.
+  the repository. A name keeps its full-mode size (`..._64` nodes, `..._32k` tokens) in quick mode: `result`
+  prints a line before the first RESULT saying so, and a bench whose figure for a name comes from another size
+  than the name says prints which, beside it (bench/fleet_sim.py). Each bench picks its sizes with
+  `quick(full, small)`. Without the variable a bench runs exactly as it always did.
 - A bench that cannot run here because something it needs is missing (a binary, an engine's venv) calls
   `requires(False, why)`: in quick mode it prints `SKIP <why>` and exits 0, and the test is skipped with that
   reason; in full mode it does nothing (the bench goes on as it always did).
@@ -66,8 +68,19 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 30, inner: i
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
+_QUICK_NOTED = [False]
+
+
 def result(name: str, value: float, op: str, goal: float) -> None:
-    """Print one RESULT line in the exact format the checker reads."""
+    """Print one RESULT line in the exact format the checker reads.
+
+    In quick mode the first one is preceded by a line saying that the names keep the full run's sizes (`_64`,
+    `_32k`, `_16m`: the test checks the names) while the run used the smallest, and that no value is meant.
+    """
+    if QUICK and not _QUICK_NOTED[0]:
+        _QUICK_NOTED[0] = True
+        print("quick mode: the RESULT names below keep the full run's sizes (nodes, tokens, blocks, bytes); this run "
+              "used the smallest ones, and no value below means anything")  # fmt: skip
     print(f"RESULT {name} {value:.4g} {op} {goal:g}")
 
 

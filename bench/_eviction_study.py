@@ -1,4 +1,4 @@
-"""The eviction policy study behind docs/benchmarks.md#eviction: token hit ratios of policy variants on a trace.
+"""The eviction policy study behind docs/benchmarks-history.md#eviction: token hit ratios of policy variants on a trace.
 
 Run: `.venv/bin/python bench/_eviction_study.py ../shared/traces/mooncake_synthetic_trace.jsonl` (about two
 minutes). A model of one store of `--blocks` full 512-token blocks, always-reuse: every request reads its

@@ -10,6 +10,8 @@ nested three and four deep) plus the forms only the official CEL shares with Nex
 differs when one refuses the expression and the other does not, one fails at evaluation and the other does not, or
 the values (with their CEL types) differ. Every disagreement is printed. Those of a kind docs/cel.md lists, with
 the spec's answer and the reason NexusKV keeps its own, are counted apart; the RESULT counts the rest (goal 0).
+How many distinct expressions the run compared is its size, fixed by `PER_RUN`, `DEPTHS` and the seeds, so it is
+printed as a fact (`distinct expressions: N`), not a RESULT.
 What the grammar does not generate, and why, is in docs/cel.md ("Against Google's CEL").
 """
 
@@ -24,7 +26,7 @@ from _common import quick, requires, result
 
 REPO = Path(__file__).resolve().parents[1]
 
-RESULTS = ("cel.official_disagreements", "cel.official_expressions")
+RESULTS = ("cel.official_disagreements",)
 PER_RUN, DEPTHS = quick(4200, 40), quick((3, 4), (3,))  # per kind: a run of PER_RUN cases per nesting depth
 
 
@@ -63,8 +65,8 @@ def main() -> None:
           f"{len(found) - len(listed)}")  # fmt: skip
     for why, known in found[:50]:
         print(f"  [{known or 'NOT LISTED'}] {why}")
+    print(f"distinct expressions: {len(seen):,} (the run's size)")
     result("cel.official_disagreements", len(found) - len(listed), "<=", 0)
-    result("cel.official_expressions", len(seen), ">=", 10000)
 
 
 def _runner(kind, exprs, acts, seen, found, settings, given, health, judge):

@@ -6,7 +6,9 @@ here). Three parts:
 1. Every router (never-reuse, round robin, SGLang cache-aware, Dynamo KV, llm-d, Mooncake Conductor, NexusKV) on
    the trace at 4 and 8 nodes, normal and congested links (NIC and disk at 5%): mean / p90 / p99 TTFT, SLO
    attainment, hit ratio, bytes moved; a TTFT plot per run in docs/img/. The simulator (`nexuskv_sim`) is the
-   ground truth; NexusKV sees only delayed reports and what it measured (see plugins/nexuskv-sim/README.md).
+   ground truth; NexusKV sees only delayed reports and what it measured (see plugins/nexuskv-sim/README.md). The
+   routers other than NexusKV are the simulator's re-implementations of the published policies (the plugin's
+   README, "Baselines"), not the routers themselves.
    Also printed: the lower bound of each figure (every reusable token free, no queueing, no transfer).
 2. The mixed-model trace (`nexuskv gen-trace --mixed`, 3,000 requests, seed 1): NexusKV routing with the
    kernel's own store evicting by its default (cost-aware) priority against the same store evicting LRU; six

@@ -8,9 +8,12 @@ the same load.
 
 1. Plans: a kernel holds every block of four requests (1k, 4k, 9k and 32k tokens, the documented default profile,
    DRAM) and plans their follow-ups round after round. A plan that fails open is judged in hindsight by the kernel
-   (`LostGain`: planned again off the hot path, without the tight budget); `load.lost_gain_fraction` is the gain
-   those fallbacks gave up over the gain of every plan that could reuse (the gain the reusing plans predicted plus
-   the gain lost). Fallbacks are counted apart, never timed as plans.
+   (`LostGain`: planned again off the hot path, without the tight budget); the lost-gain fraction is the gain those
+   fallbacks gave up over the gain of every plan that could reuse (the gain the reusing plans predicted plus the
+   gain lost). Both terms are the kernel's own predictions (`plan.predicted.gain_ms` and its hindsight plans'),
+   not measured times, so the fraction is printed as a fact beside the fallback count, not as a RESULT: a kernel
+   whose predictions were wrong would judge itself by them just the same. Fallbacks are counted apart, never timed
+   as plans.
 2. First plans: fresh kernels, each opening a disk tier an earlier kernel filled (re-indexed at start), each
    planning a 4k-token follow-up first thing: `load.first_plan_fallbacks` counts the ones that failed open.
 3. The reference engine (tiny random-weight model on the CPU, `nexuskv-transformers`): the demo's shared phases
@@ -45,7 +48,7 @@ from nexuskv import (
     configure_logging,
 )
 
-RESULTS = ("load.lost_gain_fraction", "load.e2e_nexuskv_over_always", "load.first_plan_fallbacks")
+RESULTS = ("load.e2e_nexuskv_over_always", "load.first_plan_fallbacks")
 SIZES = quick((1024, 4096, 9000, 32768), (256, 1024))
 ROUNDS = quick(150, 4)
 FRESH = quick(8, 2)
@@ -228,7 +231,9 @@ def main() -> None:
           f"{max(took_h):.2f}")  # fmt: skip
     print("\n3. the reference engine, shared phases, NexusKV vs always-reuse under the hog")
     ratio = e2e()
-    result("load.lost_gain_fraction", got[("sized by the stakes", True)]["fraction"], "<=", 0.01)
+    hog = got[("sized by the stakes", True)]
+    print(f"lost gain under the hog, budget sized by the stakes: {hog['fraction']:.4f} of the gain at stake "
+          f"({hog['fell']} fallbacks; computed from the kernel's own predicted gains, not from measured times)")
     result("load.e2e_nexuskv_over_always", ratio, "<=", 1.0)
     result("load.first_plan_fallbacks", fell_h, "<=", 0)
 

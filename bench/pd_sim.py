@@ -5,8 +5,9 @@ Run: `.venv/bin/python bench/pd_sim.py ../shared/traces/mooncake_synthetic_trace
 The strategies (`nexuskv_sim.pd_routers`, the model in plugins/nexuskv-sim/README.md, "P/D disaggregation"):
 
 - `aggregated`: no disaggregation, every request whole on the least-loaded node of all of them (the baseline);
-- `always-transfer`: the published disaggregated routers' rule (vLLM's disaggregated proxy, Dynamo, llm-d P/D):
-  least-loaded prefill node, then always send the KV to the least-loaded decode node;
+- `always-transfer`: the published disaggregated routers' rule (vLLM's disaggregated proxy, Dynamo, llm-d P/D),
+  re-implemented in the simulator: least-loaded prefill node, then always send the KV to the least-loaded decode
+  node;
 - `nexuskv`: `Kernel.route` for the prefill node, then at the handoff the decode node and transfer versus recompute
   by `Kernel.route` over the decode pool, on the delayed view and the link estimates it measured from past
   transfers (it never reads the simulator's profile);

@@ -3,7 +3,10 @@
 Run: `.venv/bin/python bench/stress.py [operations]` (default 1,000,000; a few minutes on two cores). It drives
 `nexuskv.testing.stress.run` (see that module: tenants with and without share rules, sessions, extra inputs, commits,
 evictions, demotions, promotions, prefetches, loads, plans with tight deadlines, plans reused for other
-tenants' requests) and prints what it did and found. `make test` runs the same harness, bounded.
+tenants' requests) and prints what it did and found. Its one RESULT, `safety.wrong_state_restores`, counts wrong key
+lists, wrong restores, index disagreements and errors (goal 0); the number of operations is the run's size, asked
+for on the command line, so it is printed as a fact (`operations: N`), not a RESULT. `make test` runs the same
+harness, bounded.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from _common import quick, result
 from nexuskv import configure_logging
 from nexuskv.testing.stress import run
 
-RESULTS = ("safety.wrong_state_restores", "safety.operations")
+RESULTS = ("safety.wrong_state_restores",)
 
 
 def main() -> None:
@@ -41,9 +44,9 @@ def main() -> None:
           f"index problems {len(r.index_problems)}, errors {len(r.errors)}")  # fmt: skip
     for line in (r.index_problems + r.errors)[:10]:
         print("  ", line)
+    print(f"operations: {r.operations:,} (the run's size: {target:,} asked for)")
     result("safety.wrong_state_restores", r.wrong_restores + r.wrong_keys + len(r.index_problems) + len(r.errors),
            "<=", 0)  # fmt: skip
-    result("safety.operations", r.operations, ">=", 1_000_000)
 
 
 if __name__ == "__main__":

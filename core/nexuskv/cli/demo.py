@@ -175,7 +175,10 @@ def _decisions(echo: Callable[[str], None], out: dict[str, int]) -> None:
 
 
 def _simulate(echo: Callable[[str], None], out: dict[str, int], requests: int) -> None:
-    """Section 7: a generated workload on a simulated 4-node cluster, NexusKV against published routers."""
+    """Section 7: a generated workload on a simulated 4-node cluster, NexusKV against re-implemented routers.
+
+    The other routers are nexuskv-sim's re-implementations of published routers' policies, not the routers themselves.
+    """
     try:
         from nexuskv_sim.metrics import summary
         from nexuskv_sim.nexus import NexusKVStrategy
@@ -188,6 +191,8 @@ def _simulate(echo: Callable[[str], None], out: dict[str, int], requests: int) -
     echo(f"\n== 7. A simulated 4-node cluster ({requests} requests: chat, RAG, agents, unique prompts) ==")
     echo("   ground truth: nexuskv_sim (simpy; its own hardware profile); NexusKV sees delayed reports and what it "
          "measures")  # fmt: skip
+    echo("   sglang, llm-d, mooncake: the simulator's re-implementations of those routers' published policies, not "
+         "the routers themselves")  # fmt: skip
     records = generate(requests, seed=11, rate_per_s=8.0)
     for label, congested in (("normal links", False), ("congested NIC and disk (5% bandwidth)", True)):
         nexus = NexusKVStrategy(default_profile())

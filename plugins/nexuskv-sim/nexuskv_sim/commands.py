@@ -14,7 +14,8 @@ __all__ = ["gen_trace_command", "simulate_command"]
 @click.argument("trace", type=click.Path(exists=True, dir_okay=False))
 @click.option("--nodes", default=4, show_default=True, help="Inference nodes (engines).")
 @click.option("--strategies", default="never,round-robin,sglang,dynamo,llm-d,mooncake,nexuskv", show_default=True,
-              help="Comma-separated built-in strategy names.")
+              help="Comma-separated built-in strategy names. sglang, dynamo, llm-d and mooncake are this plugin's "
+                   "re-implementations of those routers' published policies, not the routers themselves.")
 @click.option("--congested", is_flag=True, help="Scale NIC and disk bandwidth by the profile's [congested] factors.")
 @click.option("--limit", type=int, default=None, help="Only the first N requests of the trace.")
 @click.option("--scale", "copies", type=click.IntRange(min=1), default=1, show_default=True,
@@ -33,7 +34,11 @@ __all__ = ["gen_trace_command", "simulate_command"]
 def simulate_command(trace: str, nodes: int, strategies: str, congested: bool, limit: int | None, copies: int,
                      window_s: float | None, slo_ms: float, report_delay_ms: float, engines_per_host: int,
                      profile_path: str | None, plot_path: str | None, json_path: str | None) -> None:  # fmt: skip
-    """Run strategies over TRACE (Mooncake JSONL) on a simulated cluster and print a table per strategy."""
+    """Run strategies over TRACE (Mooncake JSONL) on a simulated cluster and print a table per strategy.
+
+    The baselines named after real routers (sglang, dynamo, llm-d, mooncake) are this plugin's re-implementations
+    of their published routing policies, inside the simulator; no real router runs here.
+    """
     from nexuskv_sim.metrics import summary
     from nexuskv_sim.profile import default_profile, load_profile
     from nexuskv_sim.routers_sched import STRATEGIES

@@ -1,4 +1,4 @@
-"""The P/D strategies: aggregated serving, the published disaggregated routers' always-transfer, and NexusKV.
+"""The P/D strategies: aggregated serving, always-transfer (the published P/D routers' rule, re-implemented), NexusKV.
 
 All three decide on the delayed `ClusterView` only (loads and holdings as of `now - report_delay_ms`) plus what
 they routed themselves since each report (`reuse.RecentRoutes`) and what the simulator reports back to them.

@@ -1,4 +1,6 @@
-"""Baseline routers from their published algorithms: round robin, never reuse, SGLang cache-aware, Dynamo KV.
+"""Baseline routers, re-implemented here from published algorithms: round robin, never reuse, SGLang, Dynamo KV.
+
+This is the project's own code for the simulator, not the routers' (README, "Baselines").
 
 Every baseline but `never` loads with always-reuse: the longest prefix held at the chosen node, each part from
 its fastest tier. Their estimates use their own documented formulas and the signals they really have (their own

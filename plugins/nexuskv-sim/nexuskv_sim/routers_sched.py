@@ -1,4 +1,6 @@
-"""Baseline schedulers from their published algorithms: the llm-d inference scheduler and Mooncake's Conductor.
+"""Baseline schedulers, re-implemented here from their published algorithms: llm-d's scheduler, Mooncake's Conductor.
+
+This is the project's own code for the simulator, not the schedulers' (README, "Baselines").
 
 Also the registry of built-in strategies (`STRATEGIES`, `make_strategy`).
 """

@@ -18,7 +18,7 @@ def test_gen_trace_then_simulate(tmp_path):
     got = runner.invoke(simulate_command, [str(trace), "--nodes", "3", "--strategies", "never,sglang",
                                            "--limit", "40", "--json", str(out_json), "--plot", str(plot)])  # fmt: skip
     assert got.exit_code == 0, got.output
-    lines = got.output.splitlines()
+    lines = got.stdout.splitlines()  # the table; log lines (stderr) are mixed into `output`
     assert lines[0] == "t.jsonl: 3 nodes" and lines[2].split()[:3] == ["never", "40", "40"]
     doc = json.loads(out_json.read_text())
     assert [r["strategy"] for r in doc["results"]] == ["never", "sglang"]
@@ -46,6 +46,6 @@ def test_simulate_scales_the_trace_to_a_fleet(tmp_path):
     got = CliRunner().invoke(simulate_command, [str(trace), "--nodes", "6", "--strategies", "never,nexuskv",
                                                 "--scale", "3", "--window-s", "5"])  # fmt: skip
     assert got.exit_code == 0, got.output
-    lines = got.output.splitlines()
+    lines = got.stdout.splitlines()  # the table; log lines (stderr) are mixed into `output`
     assert lines[0] == "t.jsonl, x3, first 5 s: 6 nodes"
     assert lines[2].split()[:3] == ["never", str(3 * window), str(3 * window)]
