@@ -28,7 +28,7 @@ from nexuskv_transformers.models import build_model
 from nexuskv_transformers.workload import SHARED_PHASES, demo_workload
 
 RESULTS = ("e2e.shared_nexuskv_over_never", "e2e.shared_nexuskv_over_always", "e2e.unique_nexuskv_over_never",
-           "e2e.slowlink_nexuskv_over_never", "e2e.slowlink_always_over_never", "calibrate.heldout_error_pct")
+           "e2e.slowlink_nexuskv_over_never", "calibrate.heldout_error_pct")
 # quick mode: a calibration of a few short prompts, measured once; every phase of the workload at its smallest
 SMALL_CALIBRATION = {"lengths": ((32, 64, 128, 192), (48, 96)), "repeats": 1, "blocks": (1, 4)}
 SMALL_WORKLOAD = {"sessions": 1, "turns": 2, "docs": 1, "queries": 2, "agent_steps": 2, "unique": 1}
@@ -73,11 +73,12 @@ def main() -> None:
     print(f"shared phases, NexusKV's mean TTFT by part: plan {parts['plan']:.2f} ms, restore {parts['restore']:.2f} "
           f"ms, prefill of the rest {parts['prefill']:.2f} ms; the rest's prefill alone is "
           f"{parts['prefill'] / never:.3f} of never-reuse's TTFT (the floor of the ratio on this workload)")
+    print(f"slow link: always-reuse over never-reuse {merged.ratio('always', ('slowlink',)):.3f} (two baselines; the "
+          "link is built slower than recomputing, so this only shows the link is slow, not a result)")
     result("e2e.shared_nexuskv_over_never", merged.ratio("nexuskv", SHARED_PHASES), "<=", 0.36)
     result("e2e.shared_nexuskv_over_always", merged.ratio("nexuskv", SHARED_PHASES, base="always"), "<=", 1.0)
     result("e2e.unique_nexuskv_over_never", merged.ratio("nexuskv", ("unique",)), "<=", 1.05)
     result("e2e.slowlink_nexuskv_over_never", merged.ratio("nexuskv", ("slowlink",)), "<=", 1.05)
-    result("e2e.slowlink_always_over_never", merged.ratio("always", ("slowlink",)), ">", 1.0)
     result("calibrate.heldout_error_pct", report.heldout_error_pct, "<=", 15)
 
 
