@@ -57,7 +57,8 @@ $(VLLM_STAMP): pyproject.toml plugins/nexuskv-vllm/pyproject.toml plugins/nexusk
 		plugins/nexuskv-vllm-events/pyproject.toml plugins/nexuskv-transport-tcp/pyproject.toml $(NATIVE_SRC)
 	test -x $(VPY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VPY) -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' -e ./plugins/nexuskv-tier-disk \
-		-e ./plugins/nexuskv-transport-tcp -e ./plugins/nexuskv-native -e ./plugins/nexuskv-vllm-events -e './plugins/nexuskv-vllm[test]'
+		-e ./plugins/nexuskv-transport-tcp -e ./plugins/nexuskv-native -e ./plugins/nexuskv-vllm-events -e './plugins/nexuskv-vllm[test]' \
+		nixl==1.5.1  # vLLM's NixlConnector: bench/pd.py's P/D baseline (UCX on host memory; torch stays 2.13 CPU)
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
