@@ -8,8 +8,9 @@ is printed): a NexusKV prefill engine (`kv_producer`) and decode engine (`kv_con
 NexusKV's TCP transport; vLLM's NixlConnector pair (UCX on host memory, `kv_buffer_device` "cpu", the protocol of
 vLLM's P/D examples); vLLM's ExampleConnector pair over one shared directory (a second line). Only the pair serving
 a request runs: the others are frozen (SIGSTOP) meanwhile, so an idle engine (NIXL's progress thread polls without
-pause) takes nothing from it. Every round sends each way a fresh prompt (nothing in it seen before), in a rotating
-order:
+pause) takes nothing from it, and during a prefill its decode engine is frozen too (as on a machine of its own: an
+awake NixlConnector decode engine polls a core while its producer computes). Every round sends each way a fresh
+prompt (nothing in it seen before), in a rotating order:
 
 - `transfer`: prefill on NexusKV's producer (`max_tokens` 1), then the prompt streamed to NexusKV's consumer with
   the producer's grant: the consumer plans, fetches and verifies the producer's blocks, and computes the rest;
@@ -140,9 +141,11 @@ class Ways:
 
         p, d = self._wake(way)
         extra = {"kv_transfer_params": dict(NIXL_PREFILL)} if way == "nixl" else {}
+        d.pause()  # type: ignore[attr-defined]  # the prefill alone, as on a machine of its own (NIXL's poller)
         t0 = time.perf_counter()
         status, pre = complete(p.url + "/v1/completions", None, self.body(ids, 1, **extra))  # type: ignore[attr-defined]
         prefill_s = time.perf_counter() - t0
+        d.resume()  # type: ignore[attr-defined]
         assert status == 200, pre
         params = pre.get("kv_transfer_params") or {}
         if way == "transfer":
@@ -155,7 +158,7 @@ class Ways:
             extra = {}
         status, first, events = stream_complete(d.url + "/v1/completions", None, self.body(ids, 2, **extra))  # type: ignore[attr-defined]
         assert status == 200 and events and events[-1] == {"done": True}, events[-2:]
-        return {"ttft_s": first, "pd_ttft_s": prefill_s + first, "carried": float(bool(extra))}
+        return {"ttft_s": first, "pd_ttft_s": prefill_s + first, "prefill_s": prefill_s, "carried": float(bool(extra))}
 
 
 def measure(ways: Ways, names: tuple[str, ...], rounds: int, warmup: int, seed: int) -> dict[str, list[dict]]:
@@ -175,14 +178,15 @@ def measure(ways: Ways, names: tuple[str, ...], rounds: int, warmup: int, seed: 
 
 def table(rows: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
     print(f"\n{'way':<10} {'n':>3} {'decode-side TTFT: mean ms':>26} {'median':>7} {'min':>7} {'max':>7}"
-          f"   {'P/D TTFT: mean ms':>18} {'median':>7}")  # fmt: skip
+          f"   {'P/D TTFT: mean ms':>18} {'median':>7}   {'prefill: median ms':>18}")  # fmt: skip
     out = {}
     for w, xs in rows.items():
         d = [x["ttft_s"] * 1e3 for x in xs]
         pd_ = [x["pd_ttft_s"] * 1e3 for x in xs]
         out[w] = {"mean": statistics.fmean(d), "median": statistics.median(d), "pd": statistics.fmean(pd_)}
+        pre = statistics.median(x["prefill_s"] * 1e3 for x in xs)
         print(f"{w:<10} {len(d):>3} {out[w]['mean']:>26.1f} {out[w]['median']:>7.1f} {min(d):>7.1f} {max(d):>7.1f}"
-              f"   {out[w]['pd']:>18.1f} {statistics.median(pd_):>7.1f}")  # fmt: skip
+              f"   {out[w]['pd']:>18.1f} {statistics.median(pd_):>7.1f}   {pre:>18.1f}")  # fmt: skip
     return out
 
 

@@ -6,7 +6,8 @@ both sides; codec off for the goal, `shuffle-zstd` shown too), a plain redis-py 
 Redis, both sides parsing replies with hiredis (the plugin's `redis[hiredis]`; the run prints each side's parser,
 and in full mode leaves the Redis RESULT out, saying why, when either side is without it). Then the disk codec's
 compression ratio and speed, plain zstd against byte-plane shuffle + zstd, on KV pages produced by the reference
-engine (the demo's dense model, fp32, and a bf16 build of it).
+engine (the demo's dense model, fp32, and a bf16 build of it). The DRAM tier's get returns a view of the stored
+bytes, so its "get + touch over memcpy" holds by construction: it is printed, not a RESULT.
 
 Run: `.venv/bin/python bench/tiers.py` (about 1 to 2 minutes; starts and stops its own redis-server).
 """
@@ -44,7 +45,7 @@ from nexuskv_transformers.engine import Engine
 from nexuskv_transformers.models import build_model
 from nexuskv_transformers.state import StateCodec
 
-RESULTS = ("tier.dram_get_touch_over_memcpy_16m", "tier.shm_read_touch_over_memcpy_16m",
+RESULTS = ("tier.shm_read_touch_over_memcpy_16m",
            "tier.disk_get_over_raw_read_16m", "tier.redis_get_over_plain_get_16m",
            "codec.shuffle_zstd_over_plain_zstd_ratio")  # fmt: skip
 SIZES = quick((1 << 20, 16 << 20), (256 << 10,))  # quick mode: 256 KiB stands for 16 MiB
@@ -187,7 +188,9 @@ def main() -> None:
     shuffle_gain = codecs["float32"]["shuffle_ratio"] / codecs["float32"]["zstd_ratio"]
     print("default disk codec: " + ("shuffle-zstd (it compresses reference-engine KV better than plain zstd)"
                                     if shuffle_gain >= 1.0 else "zstd (shuffle did not beat it on reference KV)"))
-    result("tier.dram_get_touch_over_memcpy_16m", ratio("dram", "get_touch", base="touch"), "<=", 1.5)
+    dram = ratio("dram", "get_touch", base="touch")
+    print(f"dram get + copy into a buffer over a memcpy into it, 16 MiB: {dram:.3f} (a fact, not a result: the DRAM "
+          "tier's get is a zero-copy view, so both sides are the same copy)")
     result("tier.shm_read_touch_over_memcpy_16m", ratio("shm", "get_touch", base="touch"), "<=", 2)
     result("tier.disk_get_over_raw_read_16m", ratio("disk", "get", codec="raw"), "<=", 1.5)
     if redis_fair or QUICK:  # quick mode prints every name; its values mean nothing anyway

@@ -27,9 +27,11 @@ its kernels per shape on first use). Passes then run alone, NexusKV, NexusKV, al
 (`timed_trace` draws a block's tokens from Python's `hash()`, so PYTHONHASHSEED is the pair's seed; `random` takes
 `--seed`), the two pairs different ones.
 Figures come from `vllm bench serve`'s result files: every completed request's TTFT of both passes pooled (mean, p50,
-p99), throughput = requests completed over the passes' duration, failed requests counted apart (a way with failures
-has no figure: its goal is missed); greedy outputs compared request by request between the ways; vLLM's prefix-cache
-hits and NexusKV's loads, from each server's `/metrics`.
+p99); throughput from the fit regime's window sent all at once (`--no-self-timed --request-rate inf`, at most
+`SATURATED` in flight; at the trace's own arrival times a server that keeps up completes requests as they arrive, so
+only a saturated replay measures throughput), requests completed over the passes' duration; failed requests counted
+apart (a way with failures has no figure: its goal is missed); greedy outputs compared request by request between
+the ways; vLLM's prefix-cache hits and NexusKV's loads, from each server's `/metrics`.
 """
 
 from __future__ import annotations
@@ -54,13 +56,14 @@ MODEL = quick({"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 2, "intermedi
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 WINDOW = quick((-300, 300), (-12, 12))  # the trace's last 300 requests (53.7% ideal reuse at CHUNK 8)
 CHUNK, OUTPUT, BLOCK = quick(8, 4), 8, 128  # tokens a 512-token trace block becomes; output cap; vLLM's block
-UNIQUE, UNIQUE_LEN = quick(30, 4), quick(1024, 256)  # random prompts, their length
+UNIQUE, UNIQUE_LEN = quick(60, 4), quick(1024, 256)  # random prompts, their length
 LOAD = 0.7  # the replay's prefill work, priced without reuse, over its span
 PRESSURE = 5  # the pressure regime's vLLM cache holds 1/PRESSURE of the window's distinct blocks
 CORES = "1"  # VLLM_CPU_OMP_THREADS_BIND for every engine: the same core for both ways
 CALIBRATION = quick((128, 512, 1024, 2048, 4096), (64, 128, 256))
 API_KEY = "bench-key"
 WARMUP_SEED = 99  # the warm-up pass's prompts: neither timed pair's
+SATURATED = 8  # requests in flight at most when the fit regime's window is sent all at once (throughput)
 ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": CORES, "KMP_BLOCKTIME": "0", "NEXUSKV_LOG_LEVEL": "warning",
               "VLLM_CPU_KVCACHE_SPACE": "2"}  # GiB: room for the fit regime's blocks (1 MiB each)
 
@@ -133,52 +136,80 @@ def prefill_ms(fit: dict[str, float], n: int) -> float:
     return fit["base_ms"] + fit["per_token_ms"] * n + fit["per_token_sq_ms"] * n * n
 
 
-def regime(name: str, alone: object, nexus: object, args_of: object, root: Path, warmup: int) -> dict[str, object]:
-    """Passes alone, NexusKV, NexusKV, alone, after `warmup` untimed requests each.
+def regime(name: str, alone: object, nexus: object, args_of: object, root: Path, warmup: int,
+           saturate: bool = False) -> dict[str, float]:  # fmt: skip
+    """Passes alone, NexusKV, NexusKV, alone, after `warmup` untimed requests each: the TTFT figures.
 
-    `args_of(seed)` gives a pass's `vllm bench serve` arguments and environment.
+    `args_of(seed)` gives a pass's `vllm bench serve` arguments and environment. With `saturate`, the same passes
+    again on other prompts with every request sent at once (at most `SATURATED` in flight): the throughput figure.
+    Replayed at the trace's arrival times, requests per second follow the arrivals while a server keeps up, so
+    only a saturated replay measures what a server can do.
     """
-    from _bench_serve import Pooled, bench_serve, counters, moved
+    from _bench_serve import bench_serve
 
-    ways = {"alone": (alone, Pooled(), {}), "nexuskv": (nexus, Pooled(), {"OPENAI_API_KEY": API_KEY})}
-    for way, (server, _, key_env) in ways.items():  # untimed, other prompts: oneDNN builds kernels per shape
+    keys = {"alone": {}, "nexuskv": {"OPENAI_API_KEY": API_KEY}}
+    servers = {"alone": alone, "nexuskv": nexus}
+    for way, server in servers.items():  # untimed, other prompts: oneDNN builds kernels per shape
         args, env = args_of(WARMUP_SEED)
         args = [*args, "--num-prompts", str(warmup)]  # the last occurrence counts: the first `warmup` requests
-        got = bench_serve(server.url, server.model, args, root / f"{name}-warmup-{way}.json", env=env | key_env,
+        got = bench_serve(server.url, server.model, args, root / f"{name}-warmup-{way}.json", env=env | keys[way],
                           log=root / f"{name}-client.log")  # fmt: skip
         if got.get("failed"):
             raise RuntimeError(f"{name}: {way} failed {got['failed']} warm-up requests: {got['errors'][:3]}")
-    passes = (("alone", 1), ("nexuskv", 1)) if QUICK else (("alone", 1), ("nexuskv", 1), ("nexuskv", 2),
-                                                           ("alone", 2))  # fmt: skip
+    a, n = _passes(name, servers, keys, args_of, (1, 2), [], root)
+    out = {"ttft": float("inf") if _bad(a, n) else n.mean / a.mean}
+    if saturate:
+        sa, sn = _passes(f"{name}-max", servers, keys, args_of, (3, 4), ["--no-self-timed", "--request-rate", "inf",
+                                                                          "--max-concurrency", str(SATURATED)], root)
+        out["throughput"] = 0.0 if _bad(sa, sn) else sn.throughput / max(1e-9, sa.throughput)
+    return out
+
+
+def _bad(a: object, n: object) -> bool:
+    """A way that failed requests (or completed none) has no figure: its goal is missed, never met by omission."""
+    return bool(a.failed or n.failed or not a.completed or not n.completed)  # type: ignore[attr-defined]
+
+
+def _passes(name: str, servers: dict[str, object], keys: dict[str, dict], args_of: object, seeds: tuple[int, int],
+            extra: list[str], root: Path) -> tuple[object, object]:  # fmt: skip
+    """ABBA passes (one pair of passes in quick mode), pooled per way and printed; (alone, nexuskv)."""
+    from _bench_serve import Pooled, bench_serve, counters, cpu_seconds, moved
+
+    pooled = {way: Pooled() for way in servers}
+    one, two = seeds
+    passes = (("alone", one), ("nexuskv", one)) if QUICK else (("alone", one), ("nexuskv", one), ("nexuskv", two),
+                                                               ("alone", two))  # fmt: skip
     for i, (way, seed) in enumerate(passes):
-        server, pooled, key_env = ways[way]
+        server = servers[way]
         args, env = args_of(seed)
-        before = counters(server.url)
-        got = bench_serve(server.url, server.model, args, root / f"{name}-{i}-{way}.json", env=env | key_env,
-                          log=root / f"{name}-client.log")  # fmt: skip
-        pooled.add(got, seed, moved(before, counters(server.url)))
+        before = counters(server.url) | cpu_seconds(server.proc.pid)
+        got = bench_serve(server.url, server.model, [*args, *extra], root / f"{name}-{i}-{way}.json",
+                          env=env | keys[way], log=root / f"{name}-client.log")  # fmt: skip
+        pooled[way].add(got, seed, moved(before, counters(server.url) | cpu_seconds(server.proc.pid)))
         ok = [t * 1e3 for t, e in zip(got["ttfts"], got["errors"], strict=True) if not e]
-        print(f"{name:<8} pass {i + 1} {way:<8} {got['completed']:>4} completed {got.get('failed', 0):>3} failed  "
+        print(f"{name:<12} pass {i + 1} {way:<8} {got['completed']:>4} completed {got.get('failed', 0):>3} failed  "
               f"mean TTFT {sum(ok) / max(1, len(ok)):8.1f} ms  {got['request_throughput']:.3f} req/s  "
               f"duration {got['duration']:.1f} s", flush=True)  # fmt: skip
-    a, n = ways["alone"][1], ways["nexuskv"][1]
+    a, n = pooled["alone"], pooled["nexuskv"]
     same = sum(1 for k, v in a.outputs.items() if n.outputs.get(k) == v)
     common = sum(1 for k in a.outputs if k in n.outputs)
-    print(f"{name:<8} {'way':<8} {'done':>5} {'failed':>6} {'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7}  "
+    print(f"{name:<12} {'way':<8} {'done':>5} {'failed':>6} {'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7}  "
           f"{'APC hit tokens':>14} {'NexusKV blocks loaded':>21} {'failed loads':>12} {'late plans':>10}")  # fmt: skip
-    for way, (_, p, _) in ways.items():
+    for way, p in pooled.items():
         c = p.counters
         apc = c.get("prefix_cache_hits", 0) / max(1.0, c.get("prefix_cache_queries", 0))
-        print(f"{name:<8} {way:<8} {p.completed:>5} {p.failed:>6} {p.mean:>8.1f} {p.pct(0.5):>8.1f} "
+        print(f"{name:<12} {way:<8} {p.completed:>5} {p.failed:>6} {p.mean:>8.1f} {p.pct(0.5):>8.1f} "
               f"{p.pct(0.99):>8.1f} {p.throughput:>7.3f}  {c.get('prefix_cache_hits', 0):>8.0f} ({apc:4.0%}) "
               f"{c.get('nexuskv_blocks_loaded', 0):>21.0f} {c.get('nexuskv_blocks_failed', 0):>12.0f} "
               f"{c.get('nexuskv_plan_fallbacks', 0):>10.0f}")  # fmt: skip
-    print(f"{name:<8} greedy outputs equal to vLLM alone: {same} of {common}; NexusKV / alone: mean "
+    ca, cn = a.counters, n.counters
+    print(f"{name:<12} engine CPU seconds over the passes: alone {ca['cpu_s']:.1f} (its worker, on the bound core, "
+          f"{ca['worker_cpu_s']:.1f}), NexusKV {cn['cpu_s']:.1f} ({cn['worker_cpu_s']:.1f}): NexusKV's worker "
+          f"{cn['worker_cpu_s'] / max(1e-9, ca['worker_cpu_s']) - 1:+.1%}")  # fmt: skip
+    print(f"{name:<12} greedy outputs equal to vLLM alone: {same} of {common}; NexusKV / alone: mean "
           f"{n.mean / a.mean:.3f}, p50 {n.pct(0.5) / a.pct(0.5):.3f}, p99 {n.pct(0.99) / a.pct(0.99):.3f}, "
-          f"throughput {n.throughput / max(1e-9, a.throughput):.3f}", flush=True)  # fmt: skip
-    bad = a.failed or n.failed or not a.completed or not n.completed
-    return {"ttft": float("inf") if bad else n.mean / a.mean,
-            "throughput": 0.0 if bad else n.throughput / max(1e-9, a.throughput)}
+          f"requests/s {n.throughput / max(1e-9, a.throughput):.3f}", flush=True)  # fmt: skip
+    return a, n
 
 
 def main(args: argparse.Namespace) -> None:
@@ -243,7 +274,7 @@ def main(args: argparse.Namespace) -> None:
                      str(OUTPUT), "--num-prompts", str(UNIQUE), "--request-rate", f"{rate:.4g}", "--seed",
                      str(100 + seed)], {})  # fmt: skip
 
-        fits = regime("fit", alone, nexus, traced, root, max(2, window.requests // 4))
+        fits = regime("fit", alone, nexus, traced, root, max(2, window.requests // 4), saturate=True)
         uniq = regime("unique", alone, nexus, unique, root, max(2, UNIQUE // 4))
         pressure = regime("pressure", p_alone, p_nexus, traced, root, max(2, window.requests // 4))
     finally:

