@@ -90,31 +90,6 @@ def counters(base_url: str) -> dict[str, float]:
     return out
 
 
-def cpu_seconds(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by the live processes of `pid`'s process group.
-
-    In all, and in the processes named `VLLM::Worker` (under `mp`, the one whose threads are bound to the engine's
-    cores: the model's and, inherited, NexusKV's copy and writer threads).
-    """
-    ticks = os.sysconf("SC_CLK_TCK")
-    pgid, total, worker = os.getpgid(pid), 0, 0
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            if os.getpgid(int(p)) != pgid:
-                continue
-            stat = Path(f"/proc/{p}/stat").read_text()
-            comm = Path(f"/proc/{p}/comm").read_text().strip()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        used = int(fields[11]) + int(fields[12])
-        total += used
-        worker += used if comm.startswith("VLLM::Worker") else 0
-    return {"cpu_s": total / ticks, "worker_cpu_s": worker / ticks}
-
-
 def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before.get(k, 0.0) for k in after}
 

@@ -62,3 +62,25 @@ def write_window(source: Path, dest: Path, *, start: int, count: int, chunk: int
             prompt, reusable, longest, out_total = prompt + n, reusable + hit * block, max(longest, n), out_total + out
     return Window(dest, len(picked), (picked[-1]["timestamp"] - t0) / 1e3, prompt, reusable, len(seen), longest,
                   out_total)  # fmt: skip
+
+
+def write_unique(dest: Path, *, count: int, tokens: int, output: int, chunk: int, rate_per_s: float,
+                 seed: int = 0) -> Path:  # fmt: skip
+    """`count` requests of `tokens` tokens sharing no block (every hash id new), Poisson arrivals at `rate_per_s`.
+
+    For `timed_trace` with `--timed-trace-chunk-hash-size chunk` and a sec multiplier of 0.001. vLLM's `random`
+    dataset would not do here: its prompts are runs of consecutive token ids from a random offset, and with the
+    bench model's 500-token vocabulary two of 60 prompts share their whole prompt more often than not.
+    """
+    import random
+
+    rng = random.Random(seed)
+    per = -(-tokens // chunk)
+    t = 0.0
+    with dest.open("w") as f:
+        for i in range(count):
+            ids = list(range(1_000_000 + i * per, 1_000_000 + (i + 1) * per))
+            f.write(json.dumps({"timestamp": round(t * 1e3, 3), "input_length": tokens, "output_length": output,
+                                "hash_ids": ids}) + "\n")  # fmt: skip
+            t += rng.expovariate(rate_per_s)
+    return dest

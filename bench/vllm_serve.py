@@ -15,17 +15,20 @@ Three regimes, each on its own pair of engines:
 - fit: the trace window's working set fits vLLM's KV cache (NexusKV can add nothing; it must cost nothing);
 - pressure: vLLM's KV cache holds a fifth of the window's distinct blocks, NexusKV's DRAM tier all of them (where a
   tier pays);
-- unique: `vllm bench serve`'s `random` dataset, prompts of 1,024 tokens that share nothing (what saving costs).
+- unique: prompts of 1,024 tokens that share nothing, at Poisson arrivals (what saving costs when nothing is
+  reused; a `timed_trace` file whose every block is new: `random`'s prompts are runs of consecutive ids, and with
+  this model's 500-token vocabulary they share whole prompts).
 
 Load: `vllm bench serve`. For fit and pressure its `timed_trace` dataset replays a window of the Mooncake trace (default
 its last 300 requests, ../shared/traces/mooncake_synthetic_trace.jsonl) at the trace's own arrival times, scaled by
 `--timed-trace-sec-multiplier` so that the window's prefill work, priced by the calibration without any reuse, takes
 `LOAD` of the replay's span; each 512-token hash block becomes `CHUNK` tokens (`--timed-trace-chunk-hash-size`) and
-outputs are capped at `OUTPUT` tokens (bench/_trace_window.py). For unique, Poisson arrivals at the same load.
+outputs are capped at `OUTPUT` tokens (bench/_trace_window.py). For unique, Poisson arrivals at the same load
+(`LOAD` of the prefill time the calibration predicts).
 Each engine first gets an untimed warm-up: the first quarter of the same load with other prompts (oneDNN builds
 its kernels per shape on first use). Passes then run alone, NexusKV, NexusKV, alone: each pair replays the same prompts
-(`timed_trace` draws a block's tokens from Python's `hash()`, so PYTHONHASHSEED is the pair's seed; `random` takes
-`--seed`), the two pairs different ones.
+(`timed_trace` draws a block's tokens from Python's `hash()`, so PYTHONHASHSEED is the pair's seed), the two pairs
+different ones.
 Figures come from `vllm bench serve`'s result files: every completed request's TTFT of both passes pooled (mean, p50,
 p99); throughput from the fit regime's window sent all at once (`--no-self-timed --request-rate inf`, at most
 `SATURATED` in flight; at the trace's own arrival times a server that keeps up completes requests as they arrive, so
@@ -56,7 +59,7 @@ MODEL = quick({"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 2, "intermedi
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 WINDOW = quick((-300, 300), (-12, 12))  # the trace's last 300 requests (53.7% ideal reuse at CHUNK 8)
 CHUNK, OUTPUT, BLOCK = quick(8, 4), 8, 128  # tokens a 512-token trace block becomes; output cap; vLLM's block
-UNIQUE, UNIQUE_LEN = quick(60, 4), quick(1024, 256)  # random prompts, their length
+UNIQUE, UNIQUE_LEN = quick(60, 4), quick(1024, 256)  # unique prompts, their length
 LOAD = 0.7  # the replay's prefill work, priced without reuse, over its span
 PRESSURE = 5  # the pressure regime's vLLM cache holds 1/PRESSURE of the window's distinct blocks
 CORES = "1"  # VLLM_CPU_OMP_THREADS_BIND for every engine: the same core for both ways
@@ -149,7 +152,7 @@ def regime(name: str, alone: object, nexus: object, args_of: object, root: Path,
 
     keys = {"alone": {}, "nexuskv": {"OPENAI_API_KEY": API_KEY}}
     servers = {"alone": alone, "nexuskv": nexus}
-    for way, server in servers.items():  # untimed, other prompts: oneDNN builds kernels per shape
+    for way, server in servers.items() if not QUICK else ():  # untimed, other prompts: oneDNN's per-shape kernels
         args, env = args_of(WARMUP_SEED)
         args = [*args, "--num-prompts", str(warmup)]  # the last occurrence counts: the first `warmup` requests
         got = bench_serve(server.url, server.model, args, root / f"{name}-warmup-{way}.json", env=env | keys[way],
@@ -173,7 +176,7 @@ def _bad(a: object, n: object) -> bool:
 def _passes(name: str, servers: dict[str, object], keys: dict[str, dict], args_of: object, seeds: tuple[int, int],
             extra: list[str], root: Path) -> tuple[object, object]:  # fmt: skip
     """ABBA passes (one pair of passes in quick mode), pooled per way and printed; (alone, nexuskv)."""
-    from _bench_serve import Pooled, bench_serve, counters, cpu_seconds, moved
+    from _bench_serve import Pooled, bench_serve, counters, moved
 
     pooled = {way: Pooled() for way in servers}
     one, two = seeds
@@ -182,10 +185,10 @@ def _passes(name: str, servers: dict[str, object], keys: dict[str, dict], args_o
     for i, (way, seed) in enumerate(passes):
         server = servers[way]
         args, env = args_of(seed)
-        before = counters(server.url) | cpu_seconds(server.proc.pid)
+        before = counters(server.url)
         got = bench_serve(server.url, server.model, [*args, *extra], root / f"{name}-{i}-{way}.json",
                           env=env | keys[way], log=root / f"{name}-client.log")  # fmt: skip
-        pooled[way].add(got, seed, moved(before, counters(server.url) | cpu_seconds(server.proc.pid)))
+        pooled[way].add(got, seed, moved(before, counters(server.url)))
         ok = [t * 1e3 for t, e in zip(got["ttfts"], got["errors"], strict=True) if not e]
         print(f"{name:<12} pass {i + 1} {way:<8} {got['completed']:>4} completed {got.get('failed', 0):>3} failed  "
               f"mean TTFT {sum(ok) / max(1, len(ok)):8.1f} ms  {got['request_throughput']:.3f} req/s  "
@@ -202,10 +205,6 @@ def _passes(name: str, servers: dict[str, object], keys: dict[str, dict], args_o
               f"{p.pct(0.99):>8.1f} {p.throughput:>7.3f}  {c.get('prefix_cache_hits', 0):>8.0f} ({apc:4.0%}) "
               f"{c.get('nexuskv_blocks_loaded', 0):>21.0f} {c.get('nexuskv_blocks_failed', 0):>12.0f} "
               f"{c.get('nexuskv_plan_fallbacks', 0):>10.0f}")  # fmt: skip
-    ca, cn = a.counters, n.counters
-    print(f"{name:<12} engine CPU seconds over the passes: alone {ca['cpu_s']:.1f} (its worker, on the bound core, "
-          f"{ca['worker_cpu_s']:.1f}), NexusKV {cn['cpu_s']:.1f} ({cn['worker_cpu_s']:.1f}): NexusKV's worker "
-          f"{cn['worker_cpu_s'] / max(1e-9, ca['worker_cpu_s']) - 1:+.1%}")  # fmt: skip
     print(f"{name:<12} greedy outputs equal to vLLM alone: {same} of {common}; NexusKV / alone: mean "
           f"{n.mean / a.mean:.3f}, p50 {n.pct(0.5) / a.pct(0.5):.3f}, p99 {n.pct(0.99) / a.pct(0.99):.3f}, "
           f"requests/s {n.throughput / max(1e-9, a.throughput):.3f}", flush=True)  # fmt: skip
@@ -219,7 +218,7 @@ def main(args: argparse.Namespace) -> None:
     from nexuskv_vllm.testing import write_tiny_llama
 
     from _bench_serve import omp_binding
-    from _trace_window import write_window
+    from _trace_window import write_unique, write_window
 
     trace = Path(args.trace) if args.trace else TRACE
     requires(trace.is_file(), f"no trace at {trace}")
@@ -268,11 +267,13 @@ def main(args: argparse.Namespace) -> None:
                      "--timed-trace-sec-multiplier", f"{multiplier:.6g}"], {"PYTHONHASHSEED": str(seed)})  # fmt: skip
 
         rate = LOAD / (prefill_ms(fit, UNIQUE_LEN) / 1e3)
+        solo = write_unique(root / "unique.jsonl", count=UNIQUE, tokens=UNIQUE_LEN, output=OUTPUT, chunk=BLOCK,
+                            rate_per_s=rate)  # fmt: skip
 
         def unique(seed: int) -> tuple[list[str], dict[str, str]]:
-            return (["--dataset-name", "random", "--random-input-len", str(UNIQUE_LEN), "--random-output-len",
-                     str(OUTPUT), "--num-prompts", str(UNIQUE), "--request-rate", f"{rate:.4g}", "--seed",
-                     str(100 + seed)], {})  # fmt: skip
+            return (["--dataset-name", "timed_trace", "--dataset-path", str(solo), "--num-prompts", str(UNIQUE),
+                     "--timed-trace-chunk-hash-size", str(BLOCK), "--timed-trace-sec-multiplier", "0.001"],
+                    {"PYTHONHASHSEED": str(100 + seed)})  # fmt: skip
 
         fits = regime("fit", alone, nexus, traced, root, max(2, window.requests // 4), saturate=True)
         uniq = regime("unique", alone, nexus, unique, root, max(2, UNIQUE // 4))
