@@ -19,7 +19,6 @@ from nexuskv import parse_bytes
 
 if TYPE_CHECKING:  # the compiled rules' shapes; read, never built here
     from nexuskv.cel import Compiled
-    from nexuskv.policy.policyset import CompiledRule
 
 __all__ = ["CelCppPolicy", "celcpp_activation", "celcpp_data", "celcpp_env"]
 
@@ -101,7 +100,8 @@ class CelCppPolicy:
             self.fused[kind] = env.compile(f"[{', '.join(conditions)}]")
 
     @staticmethod
-    def _rule(env: cel.Env, r: CompiledRule, when: str, variables: Mapping[str, Compiled]) -> CelCppRule:
+    def _rule(env: cel.Env, r: Any, when: str, variables: Mapping[str, Compiled]) -> CelCppRule:
+        """cel-cpp's form of `r`, a PolicySet's compiled rule (read by attribute: its module is not public)."""
         assert r.tier_fn is None and r.ttl_fn is None and r.weight_fn is None, f"{r.name}: not in this glue"
         assert r.effect in (("apply",) if r.kind == "place" else ("deny", "warn")), f"{r.name}: not in this glue"
 
