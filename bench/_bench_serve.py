@@ -55,7 +55,7 @@ class Pooled:
 
     def add(self, got: dict[str, Any], seed: int, counters: dict[str, float]) -> None:
         for i, (ttft, err, text) in enumerate(zip(got["ttfts"], got["errors"], got["generated_texts"], strict=True)):
-            if err:
+            if err or not ttft > 0:  # a failure without a message still has no first token
                 continue
             self.ttfts_ms.append(ttft * 1e3)
             self.outputs[(seed, i)] = text

@@ -73,7 +73,9 @@ def pin_model_thread(served: Any, core: int) -> str:
     """Pin the thread that runs `served`'s model (its engine core's main thread) to `core`; say where it runs.
 
     Only that thread: the others (HTTP server, NIXL's progress thread, NexusKV's writer and transport) stay where
-    they were, as NixlConnector leaves them.
+    they were, as NixlConnector leaves them (threads the model thread starts later inherit its core). Putting all
+    the others on the other core was tried: NIXL's progress thread, which polls without pause, then starved its
+    decode engine's handshake past the producer's lease on the blocks, and the request never finished.
     """
     for pid in sorted(_group(served.proc.pid)):
         if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::EngineCor"):

@@ -55,8 +55,8 @@ def write_window(source: Path, dest: Path, *, start: int, count: int, chunk: int
             f.write(json.dumps({"timestamp": rec["timestamp"] - t0, "input_length": n, "output_length": out,
                                 "hash_ids": ids}) + "\n")  # fmt: skip
             whole = n // block
-            hit = 0
-            while hit < whole and tuple(ids[: (hit + 1) * per_block]) in seen:
+            hit = 0  # vLLM computes a prompt's last token whatever it holds: a hit ends before it
+            while hit < (n - 1) // block and tuple(ids[: (hit + 1) * per_block]) in seen:
                 hit += 1
             seen.update(tuple(ids[: (b + 1) * per_block]) for b in range(whole))
             prompt, reusable, longest, out_total = prompt + n, reusable + hit * block, max(longest, n), out_total + out

@@ -3,14 +3,14 @@
     make vllm-setup && .venv-vllm/bin/python bench/pd.py
 
 `vllm serve` engines in pairs, every one with the same set-up (the `uni` executor, the same model, the same KV
-cache, one OpenMP thread, its model thread on core 1: bench/_engines.py says why and how, and each engine's placement
-is printed): a NexusKV prefill engine (`kv_producer`) and decode engine (`kv_consumer`) whose state moves over
-NexusKV's TCP transport; vLLM's NixlConnector pair (UCX on host memory, `kv_buffer_device` "cpu", the protocol of
-vLLM's P/D examples); vLLM's ExampleConnector pair over one shared directory (a second line). Only the pair serving
-a request runs: the others are frozen (SIGSTOP) meanwhile, so an idle engine (NIXL's progress thread polls without
-pause) takes nothing from it, and during a prefill its decode engine is frozen too (as on a machine of its own: an
-awake NixlConnector decode engine polls a core while its producer computes). Every round sends each way a fresh
-prompt (nothing in it seen before), in a rotating order:
+cache, one OpenMP thread, its model thread on core 1: bench/_engines.py says why and how, and each engine's
+placement is printed): a NexusKV prefill engine (`kv_producer`) and decode engine
+(`kv_consumer`) whose state moves over NexusKV's TCP transport; vLLM's NixlConnector pair (UCX on host memory,
+`kv_buffer_device` "cpu", the protocol of vLLM's P/D examples); vLLM's ExampleConnector pair over one shared
+directory (a second line). Only the pair serving a request runs: the others are frozen (SIGSTOP) meanwhile, so an
+idle engine (NIXL's progress thread polls without pause) takes nothing from it, and during a prefill its decode
+engine is frozen too (as on a machine of its own). Every round sends each way a fresh prompt (nothing in it seen
+before), in a rotating order:
 
 - `transfer`: prefill on NexusKV's producer (`max_tokens` 1), then the prompt streamed to NexusKV's consumer with
   the producer's grant: the consumer plans, fetches and verifies the producer's blocks, and computes the rest;
@@ -20,11 +20,15 @@ prompt (nothing in it seen before), in a rotating order:
 - `example`: prefill on the example producer, then the prompt streamed to the example consumer (it loads files).
 
 The decode side's TTFT is the time from sending the decode request to its first streamed token, seen by the
-client; the P/D TTFT adds the prefill request before it (what a client of a P/D proxy waits for). Then a congested
-link: both producers in a network namespace whose veth a tbf qdisc limits to `RATE` (UCX told to use TCP on that
-veth), the consumers here: NixlConnector always pulls; NexusKV's consumer prices the link it measured and may
-recompute instead. Decisions are counted, never averaged in: NexusKV's consumer's P/D decisions from its log,
-NixlConnector's consumer's tokens received against computed from its `/metrics`.
+client; the P/D TTFT adds the prefill request before it (what a client of a P/D proxy waits for). Both producers
+compute the same prompt with the same model on the same core, so the bench prints their prefill medians beside the
+P/D ratio: it is about the connectors only while those are near equal. Then a congested link: both producers in a
+network namespace whose veth a tbf qdisc limits to `RATE` (UCX told to use TCP on that veth), the consumers here:
+NixlConnector always pulls; NexusKV's consumer prices the link it measured and may recompute instead. At this rate
+any policy that recomputes beats always pulling, so the line that judges the decision, NexusKV over the better of
+always pulling and always recomputing, is printed beside the RESULT. Decisions are counted, never averaged in:
+NexusKV's consumer's P/D decisions from its log, both consumers' prompt tokens received and computed from vLLM's
+`/metrics`.
 Model: a random-weight Llama, 8 layers, hidden 512, 2 KV heads (8 KiB of KV per token; quick mode: 2 layers).
 """
 
@@ -185,23 +189,33 @@ def table(rows: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
         pd_ = [x["pd_ttft_s"] * 1e3 for x in xs]
         out[w] = {"mean": statistics.fmean(d), "median": statistics.median(d), "pd": statistics.fmean(pd_)}
         pre = statistics.median(x["prefill_s"] * 1e3 for x in xs)
+        out[w]["prefill"] = pre
         print(f"{w:<10} {len(d):>3} {out[w]['mean']:>26.1f} {out[w]['median']:>7.1f} {min(d):>7.1f} {max(d):>7.1f}"
               f"   {out[w]['pd']:>18.1f} {statistics.median(pd_):>7.1f}   {pre:>18.1f}")  # fmt: skip
     return out
 
 
 def decisions(group: dict[str, object], before: tuple[dict, dict]) -> tuple[dict, dict]:
-    """NexusKV's consumer's P/D decisions (its log) and NixlConnector's consumer's tokens by source (`/metrics`)."""
+    """NexusKV's consumer's P/D decisions (its log) and both consumers' prompt tokens by source (vLLM's metrics).
+
+    Tokens by source (`local_compute`, `external_kv_transfer`) for NexusKV's consumer are keyed `ours_<source>`.
+    """
     from nexuskv_vllm.pd_testing import pd_decisions
 
     from _engines import nixl_tokens
 
-    made = [d["decision"] for d in pd_decisions(group["nx-d"].log_text())]  # type: ignore[attr-defined]
+    def tokens(name: str) -> dict[str, float]:
+        group[name].resume()  # type: ignore[attr-defined]
+        try:
+            return nixl_tokens(group[name].url)  # type: ignore[attr-defined]
+        finally:
+            group[name].pause()  # type: ignore[attr-defined]  # frozen again: called before and after the rounds
+
+    log = group["nx-d"].log_text()  # type: ignore[attr-defined]
+    made = [d["decision"] for d in pd_decisions(log)]
     ours = {"transfer": made.count("transfer"), "recompute": made.count("recompute"),
-            "refused": group["nx-d"].log_text().count("handoff refused")}  # type: ignore[attr-defined]  # fmt: skip
-    group["nixl-d"].resume()  # type: ignore[attr-defined]
-    theirs = nixl_tokens(group["nixl-d"].url)  # type: ignore[attr-defined]
-    group["nixl-d"].pause()  # type: ignore[attr-defined]  # frozen again: called before and after the rounds
+            "refused": log.count("handoff refused")} | {f"ours_{k}": v for k, v in tokens("nx-d").items()}  # fmt: skip
+    theirs = tokens("nixl-d")
     return ({k: v - before[0].get(k, 0) for k, v in ours.items()},
             {k: v - before[1].get(k, 0) for k, v in theirs.items()})
 
@@ -215,8 +229,9 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="nexuskv-pd-bench-"))
     model = write_tiny_llama(root / "model", **MODEL)
-    group = engines(root, model, None, WAYS)
+    group: dict[str, object] = {}
     try:
+        group = engines(root, model, None, WAYS)
         start(group)
         ways = Ways(group, model)
         print(f"prompts of {PROMPT} tokens, {ROUNDS} rounds after {WARMUP} untimed", flush=True)
@@ -231,8 +246,16 @@ def main() -> None:
     print(f"\nNexusKV's consumer in the timed rounds (and warm-up): {ours['transfer']} transfers, {ours['recompute']} "
           f"recomputes, {ours['refused']} refused grants; the producer granted {carried:.0f} of "
           f"{len(rows['transfer'])} `transfer` prompts (a recompute is counted in its mean, not hidden)")  # fmt: skip
-    print(f"NixlConnector's consumer: prompt tokens received over NIXL {theirs.get('external_kv_transfer', 0):.0f}, "
-          f"computed {theirs.get('local_compute', 0):.0f}, from its own cache {theirs.get('local_cache_hit', 0):.0f}")
+    print(f"prompt tokens, timed rounds and warm-up: NexusKV's consumer received "
+          f"{ours.get('ours_external_kv_transfer', 0):.0f} (whole 128-token pages only) and computed "
+          f"{ours.get('ours_local_compute', 0):.0f} (the recompute way's and each prompt's last partial page); "
+          f"NixlConnector's received {theirs.get('external_kv_transfer', 0):.0f} over NIXL and computed "
+          f"{theirs.get('local_compute', 0):.0f}")  # fmt: skip
+    p_ours, p_nixl = got["transfer"]["prefill"], got["nixl"]["prefill"]
+    common = (p_ours + got["transfer"]["mean"]) / (p_ours + got["nixl"]["mean"])
+    print(f"prefill medians: NexusKV's producer {p_ours:.1f} ms, NixlConnector's {p_nixl:.1f} ms "
+          f"({p_nixl / p_ours:.3f}x; the same model on the same core: the P/D TTFT ratio is about the connectors only "
+          f"while this is near 1); NexusKV's prefill plus each decode side's TTFT: {common:.3f}")  # fmt: skip
     congested = congested_run(root, model, NetNS)
     result("pd.nexuskv_over_nixl_connector_ttft", got["transfer"]["pd"] / got["nixl"]["pd"], "<=", 1.0)
     result("pd.decode_side_nexuskv_over_nixl_connector", got["transfer"]["mean"] / got["nixl"]["mean"], "<=", 1.0)
@@ -251,17 +274,21 @@ def congested_run(root: Path, model: Path, netns: type) -> float:
     group: dict[str, object] = {}
     try:
         ns.shape(RATE)
-        group = engines(root, model, ns, ("transfer", "nixl"))
+        group = engines(root, model, ns, ("transfer", "recompute", "nixl"))
         start(group)
         print(f"\ncongested link: producers behind a veth limited to {RATE} (tbf), consumers here; "
               f"{CONGESTED_ROUNDS} rounds after {WARMUP} untimed (NexusKV's consumer measures the link then)")
         zero = decisions(group, ({}, {}))
-        rows = measure(Ways(group, model), ("transfer", "nixl"), CONGESTED_ROUNDS, WARMUP, 50_000)
+        rows = measure(Ways(group, model), ("transfer", "recompute", "nixl"), CONGESTED_ROUNDS, WARMUP, 50_000)
         ours, theirs = decisions(group, zero)
         got = table(rows)
         print(f"NexusKV's consumer: {ours['transfer']} transfers, {ours['recompute']} recomputes (warm-up included); "
               f"NixlConnector's: {theirs.get('external_kv_transfer', 0):.0f} tokens received over NIXL, "
               f"{theirs.get('local_compute', 0):.0f} computed")  # fmt: skip
+        best = min(got["nixl"]["pd"], got["recompute"]["pd"])
+        print(f"on this link any policy that recomputes beats always pulling; the decision's quality: NexusKV over the "
+              f"better of always pulling (NixlConnector) and always recomputing: {got['transfer']['pd'] / best:.3f} "
+              "(1.0: it chose as the better fixed policy would)")  # fmt: skip
         return got["transfer"]["pd"] / got["nixl"]["pd"]
     finally:
         for e in group.values():

@@ -84,9 +84,12 @@ def kernel_toml(root: Path, profile: Path) -> Path:
 
 
 def keys_file(root: Path) -> Path:
+    """The tenant gateway's keys file, written once and shared by NexusKV's engines."""
     from nexuskv_vllm.gateway import key_digest
 
     path = root / "gateway-keys.toml"
+    if path.exists():
+        return path
     path.write_text(f'salt_key = "{os.urandom(32).hex()}"\n[keys.{key_digest(API_KEY)}]\ntenant = "bench"\n')
     return path
 
@@ -160,7 +163,7 @@ def regime(name: str, alone: object, nexus: object, args_of: object, root: Path,
         if got.get("failed"):
             raise RuntimeError(f"{name}: {way} failed {got['failed']} warm-up requests: {got['errors'][:3]}")
     a, n = _passes(name, servers, keys, args_of, (1, 2), [], root)
-    out = {"ttft": float("inf") if _bad(a, n) else n.mean / a.mean}
+    out = {"ttft": float("inf") if _bad(a, n) else n.mean / a.mean, "alone_ms": a.mean, "nexuskv_ms": n.mean}
     if saturate:
         sa, sn = _passes(f"{name}-max", servers, keys, args_of, (3, 4), ["--no-self-timed", "--request-rate", "inf",
                                                                           "--max-concurrency", str(SATURATED)], root)
@@ -234,7 +237,7 @@ def main(args: argparse.Namespace) -> None:
           f"{window.distinct_blocks} distinct blocks; vLLM cache: fit {fit_blocks} blocks, pressure {small}")
     engines: list[object] = []
     try:
-        max_len = longest * BLOCK
+        max_len = max(longest, -(-(UNIQUE_LEN + OUTPUT) // BLOCK)) * BLOCK
         model = write_tiny_llama(root / "model", max_positions=max(8192, max_len), **MODEL)
         alone = engine(model, root, "fit-alone", fit_blocks, None, max_len)
         engines.append(alone)
@@ -282,6 +285,12 @@ def main(args: argparse.Namespace) -> None:
         for e in engines:
             e.close()
     print(f"logs and vllm bench serve's result files: {root}")
+    print(f"pressure against vLLM given NexusKV's memory as its own cache (the fit regime's vLLM alone, which holds "
+          f"the whole window): NexusKV under pressure {pressure['nexuskv_ms']:.1f} ms mean TTFT, vLLM fit "
+          f"{fits['alone_ms']:.1f} ms ({pressure['nexuskv_ms'] / fits['alone_ms']:.3f}; passes of another regime, "
+          "not interleaved: a printed line, no goal). On a CPU the engine's cache is DRAM too; the pressure regime "
+          "stands for a GPU, whose cache is small beside host memory, where the field's comparators (vLLM's CPU "
+          "offloading connectors) need CUDA and do not run here")  # fmt: skip
     result("vllm.fit_nexuskv_over_apc_mean_ttft", fits["ttft"], "<=", 1.02)
     result("vllm.fit_nexuskv_over_apc_throughput", fits["throughput"], ">=", 0.98)
     result("vllm.pressure_nexuskv_over_apc_mean_ttft", pressure["ttft"], "<=", 0.6)

