@@ -14,7 +14,6 @@ import re
 import statistics
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +80,10 @@ class Pooled:
 
 def counters(base_url: str) -> dict[str, float]:
     """vLLM's prefix-cache counters and NexusKV's connector counters from a server's `/metrics`, summed over labels."""
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for m in re.finditer(r"^vllm:(prefix_cache_hits|prefix_cache_queries|nexuskv_\w+)_total(?:\{[^}]*\})? "
-                         r"([0-9.e+]+)$", text, re.M):  # fmt: skip
-        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-    return out
+    from nexuskv_vllm.pd_testing import metric_totals
+
+    return metric_totals(base_url, r"^vllm:(prefix_cache_hits|prefix_cache_queries|nexuskv_\w+)_total(?:\{[^}]*\})? "
+                                   r"([0-9.e+]+)$")  # fmt: skip
 
 
 def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +50,9 @@ def nixl_env(host: str, port: int, device: str | None = None) -> dict[str, str]:
 
 def nixl_tokens(url: str) -> dict[str, float]:
     """A decode engine's prompt tokens by source (`local_compute`, `external_kv_transfer`, ...), from `/metrics`."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for m in re.finditer(r'^vllm:prompt_tokens_by_source_total\{[^}]*source="(\w+)"[^}]*\} ([0-9.e+]+)$', text, re.M):
-        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-    return out
+    from nexuskv_vllm.pd_testing import metric_totals
+
+    return metric_totals(url, r'^vllm:prompt_tokens_by_source_total\{[^}]*source="(\w+)"[^}]*\} ([0-9.e+]+)$')
 
 
 def _group(pid: int) -> list[int]:

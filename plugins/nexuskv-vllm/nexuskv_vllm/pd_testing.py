@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Proxy", "Served", "complete", "free_port", "pd_decisions", "pd_kernel_toml", "stream_complete"]
+__all__ = ["Proxy", "Served", "complete", "free_port", "metric_totals", "pd_decisions", "pd_kernel_toml",
+           "stream_complete"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -227,6 +229,19 @@ class Proxy(_Process):
 def _post(url: str, body: dict[str, Any], key: str | None) -> urllib.request.Request:
     headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
     return urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+
+
+def metric_totals(base_url: str, sample: str) -> dict[str, float]:
+    """A `vllm serve`'s `/metrics` samples matching `sample`, summed by key over the labels the key leaves out.
+
+    `sample` is a multiline regex: group 1 the key, group 2 the value.
+    """
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for m in re.finditer(sample, text, re.M):
+        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def complete(url: str, key: str | None, body: dict[str, Any], timeout_s: float = 120.0) -> tuple[int, dict[str, Any]]:

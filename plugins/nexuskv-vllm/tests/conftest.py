@@ -123,11 +123,7 @@ def vllm_request(rid: str, tokens: list[int], tenant: str | None):
 def prom_counters(base_url: str, prefix: str = "vllm:nexuskv_") -> dict[str, float]:
     """A `vllm serve`'s `/metrics` counters named `<prefix><name>_total`, summed over labels, by name."""
     import re
-    import urllib.request
 
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for m in re.finditer(rf"^{re.escape(prefix)}(\w+)_total\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M):
-        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-    return out
+    from nexuskv_vllm.pd_testing import metric_totals
+
+    return metric_totals(base_url, rf"^{re.escape(prefix)}(\w+)_total\{{[^}}]*\}} ([0-9.e+]+)$")
