@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -83,10 +84,25 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
 
 _REAPER = """
 import os, signal, sys
-groups = set()
+
+def started(pid):  # the process's start time (clock ticks since boot), or None once it is gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+groups = {}
 for line in sys.stdin:  # "+pgid" when a group starts, "-pgid" when it was closed; EOF when its starter is gone
-    (groups.add if line[0] == "+" else groups.discard)(int(line[1:]))
-for group in groups:
+    pgid = int(line[1:])
+    if line[0] == "+":
+        groups[pgid] = started(pgid)
+    else:
+        groups.pop(pgid, None)
+for group, at in groups.items():
+    now = started(group)
+    if now is not None and now != at:
+        continue  # its leader's pid now belongs to another process: the group id may be another's, leave it
     for sig in (signal.SIGCONT, signal.SIGKILL):  # a frozen (SIGSTOP) group acts on nothing else
         try:
             os.killpg(group, sig)
@@ -101,18 +117,30 @@ class _Reaper:
     Engines run in sessions of their own (signals reach the engine core past the API server) and may be frozen
     (SIGSTOP): a test or bench killed at its timeout would leave them running, or stopped for ever, holding memory and
     ports. The reaper reads the groups to watch on a pipe; at its end (this process died, however) it sends each group
-    left SIGCONT then SIGKILL.
+    left SIGCONT then SIGKILL, unless the group's leader pid has since gone to another process (pid reuse). A reaper
+    that died is replaced by one told every group still open.
     """
 
     _proc: subprocess.Popen[str] | None = None
+    _open: set[int] = set()  # noqa: RUF012  # the groups started and not closed, for a replacement reaper
+    _lock = threading.Lock()  # engines may start and close from many threads
 
     @classmethod
     def tell(cls, line: str) -> None:
+        with cls._lock:
+            cls._tell(line)
+
+    @classmethod
+    def _tell(cls, line: str) -> None:
+        (cls._open.add if line[0] == "+" else cls._open.discard)(int(line[1:]))
         if cls._proc is None or cls._proc.poll() is not None:
             cls._proc = subprocess.Popen([sys.executable, "-c", _REAPER], stdin=subprocess.PIPE, text=True,
                                          start_new_session=True)  # fmt: skip
+            lines = [f"+{group}" for group in sorted(cls._open)]
+        else:
+            lines = [line]
         assert cls._proc.stdin is not None
-        cls._proc.stdin.write(line + "\n")
+        cls._proc.stdin.write("".join(f"{x}\n" for x in lines))
         cls._proc.stdin.flush()
 
 
